@@ -1,0 +1,297 @@
+"""The hybrid prefix-cache hit: how many leading tokens of a request a node can reuse.
+
+Pure functions over "is this hash cached for this group?" — no block pool. The GPU coordinator
+runs them with a lookup into its pool (the found values are the blocks); the router runs them with
+per-group hash sets from the index (`longest_hybrid_hit`). One definition, two users, so a route
+decision and the node's own hit cannot disagree.
+
+Per-type rules (`n = max_length // block_size`, hashes viewed at the group's block size):
+  full attention   longest prefix of cached blocks.
+  sliding window   the rightmost run of `cdiv(window - 1, block_size)` consecutive cached blocks
+                   (its right end aligned); the hit ends with the run and earlier slots are null.
+                   No full run: the run touching block 0 (a prefix shorter than the window).
+  Mamba (align)    the last cached block whose end is aligned; earlier slots are null.
+  chunked local    blocks before the current chunk are null, then a prefix of cached blocks.
+Hybrid: spec groups (equal specs merged, full attention first) are visited in turn, each capping
+the candidate length, until a pass leaves it unchanged (one pass when the model is "full attention
++ one other"). EAGLE groups drop the last matched block, once per candidate length.
+
+A found list holds, per block slot, None for a null slot or the lookup's truthy value.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Container, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from gpu.specs import ChunkedLocal, FullAttention, KVSpec, Mamba, SlidingWindow
+
+# Lookup for one spec group: a truthy value when every member group holds the hash, else falsy.
+Lookup = Callable[[bytes], Any]
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --- per-type finders --------------------------------------------------------------------------
+
+
+def find_full(hashes: Sequence[bytes], max_length: int, block_size: int, alignment: int,
+              lookup: Lookup, drop_eagle: bool = False) -> tuple[list[Any], int]:
+    found: list[Any] = []
+    for h in hashes[: max_length // block_size]:
+        v = lookup(h)
+        if not v:
+            break  # chained hashes: a miss means every later block misses too
+        found.append(v)
+    hit = len(found) * block_size
+    if drop_eagle and hit > 0:
+        hit -= block_size
+    hit -= hit % alignment
+    del found[cdiv(hit, block_size):]
+    return found, hit
+
+
+def sliding_blocks_needed(window: int, block_size: int, eagle: bool = False) -> int:
+    """Consecutive cached blocks a sliding-window hit needs (one more when EAGLE drops one)."""
+    return cdiv(window - 1, block_size) + (1 if eagle else 0)
+
+
+def find_sliding(hashes: Sequence[bytes], max_length: int, block_size: int, window: int,
+                 alignment: int, lookup: Lookup, drop_eagle: bool = False) -> tuple[list[Any], int]:
+    need = sliding_blocks_needed(window, block_size, drop_eagle)
+    n = min(max_length // block_size, len(hashes))
+    found: list[Any] = [None] * n
+    aligned_only = block_size != alignment
+    run = 0
+    matched = False
+    for i in range(n - 1, -1, -1):
+        if run == 0 and aligned_only:
+            # A run may only end (at its right) on an aligned boundary; an unaligned block
+            # cannot start one whether cached or not, so skip the lookup.
+            if (((i if drop_eagle else i + 1) * block_size) % alignment) != 0:
+                continue
+        v = lookup(hashes[i])
+        if v:
+            found[i] = v
+            run += 1
+            if run >= need:
+                del found[i + run:]
+                matched = True
+                break
+        else:
+            run = 0
+    if not matched:
+        del found[run:]  # the run touching block 0, possibly empty
+        if aligned_only:
+            while (len(found) * block_size) % alignment:
+                found.pop()
+    if drop_eagle and found:
+        found.pop()
+        if aligned_only:
+            while (len(found) * block_size) % alignment:
+                found.pop()
+    return found, len(found) * block_size
+
+
+def find_mamba(hashes: Sequence[bytes], max_length: int, block_size: int, alignment: int,
+               lookup: Lookup) -> tuple[list[Any], int]:
+    n = min(max_length // block_size, len(hashes))
+    aligned_only = block_size != alignment
+    for i in range(n - 1, -1, -1):
+        if aligned_only and ((i + 1) * block_size) % alignment:
+            continue
+        v = lookup(hashes[i])
+        if v:
+            found: list[Any] = [None] * i
+            found.append(v)
+            return found, (i + 1) * block_size
+    return [], 0
+
+
+def find_chunked_local(hashes: Sequence[bytes], max_length: int, block_size: int, chunk: int,
+                       alignment: int, lookup: Lookup) -> tuple[list[Any], int]:
+    if alignment != block_size:
+        raise ValueError("chunked local attention needs every group at one block size "
+                         f"(alignment {alignment} != block size {block_size})")
+    n = min(max_length // block_size, len(hashes))
+    start_block = (max_length // chunk * chunk if max_length > 0 else 0) // block_size
+    found: list[Any] = [None] * start_block
+    for i in range(start_block, n):
+        v = lookup(hashes[i])
+        if not v:
+            break
+        found.append(v)
+    return found, len(found) * block_size
+
+
+def find_for_spec(spec: KVSpec, hashes: Sequence[bytes], max_length: int, alignment: int,
+                  lookup: Lookup, drop_eagle: bool = False) -> tuple[list[Any], int]:
+    """Dispatch to the finder of `spec`'s type (hashes already viewed at its block size)."""
+    bs = spec.block_size
+    if isinstance(spec, FullAttention):
+        return find_full(hashes, max_length, bs, alignment, lookup, drop_eagle)
+    if isinstance(spec, SlidingWindow):
+        return find_sliding(hashes, max_length, bs, spec.sliding_window, alignment, lookup, drop_eagle)
+    if isinstance(spec, Mamba):
+        if spec.mode != "align":
+            raise ValueError(f"Mamba prefix caching needs mode 'align', got {spec.mode!r}")
+        return find_mamba(hashes, max_length, bs, alignment, lookup)
+    if isinstance(spec, ChunkedLocal):
+        if drop_eagle:
+            raise ValueError("EAGLE with chunked local attention is not supported (as in vLLM)")
+        return find_chunked_local(hashes, max_length, bs, spec.attention_chunk_size, alignment, lookup)
+    raise ValueError(f"{type(spec).__name__} groups never take part in prefix caching")
+
+
+# --- the hybrid fixed point --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SpecGroup:
+    """Groups with equal specs, looked up together; `eagle` if any member drops a block."""
+
+    spec: KVSpec
+    group_ids: tuple[int, ...]
+    eagle: bool = False
+
+
+def split_spec_groups(specs: Sequence[KVSpec], eagle_groups: Collection[int] = ()) -> list[SpecGroup]:
+    """Prefix-cacheable groups merged by equal spec, full attention first (stable)."""
+    merged: list[SpecGroup] = []
+    for gid, spec in enumerate(specs):
+        if not spec.prefix_cacheable:
+            continue
+        for k, sg in enumerate(merged):
+            if sg.spec == spec:
+                merged[k] = SpecGroup(spec, sg.group_ids + (gid,), sg.eagle or gid in eagle_groups)
+                break
+        else:
+            merged.append(SpecGroup(spec, (gid,), gid in eagle_groups))
+    if not merged:
+        raise ValueError("no prefix-cacheable KV cache group")
+    merged.sort(key=lambda sg: not isinstance(sg.spec, FullAttention))
+    return merged
+
+
+def default_alignment(specs: Sequence[KVSpec]) -> int:
+    """Where hits land: the lcm of all group block sizes (one group: its block size)."""
+    return math.lcm(*(s.block_size for s in specs))
+
+
+class ViewCache:
+    """Group views of one request's fine hashes, built once per block size per search."""
+
+    __slots__ = ("fine", "hash_block_size", "_views")
+
+    def __init__(self, fine: Sequence[bytes], hash_block_size: int) -> None:
+        self.fine = fine
+        self.hash_block_size = hash_block_size
+        self._views: dict[int, Sequence[bytes]] = {}
+
+    def at(self, block_size: int) -> Sequence[bytes]:
+        v = self._views.get(block_size)
+        if v is None:
+            factor, rem = divmod(block_size, self.hash_block_size)
+            if rem or factor == 0:
+                raise ValueError(f"group block size {block_size} is not a multiple of the hash unit "
+                                 f"{self.hash_block_size}")
+            v = self.fine if factor == 1 else self.fine[factor - 1::factor]
+            self._views[block_size] = v
+        return v
+
+
+def find_hit(spec_groups: Sequence[SpecGroup], views: ViewCache, lookups: Sequence[Lookup],
+             max_length: int, alignment: int) -> tuple[list[list[Any]], int, int]:
+    """The hybrid search. Returns `(found list per spec group, hit length, longest single-group
+    hit)`; full-attention lists are truncated to the hit. `lookups[k]` serves `spec_groups[k]`."""
+    hit = max_length
+    longest = 0
+    found: list[list[Any] | None] = [None] * len(spec_groups)
+    lengths = [0] * len(spec_groups)
+    simple = len(spec_groups) == 2 and isinstance(spec_groups[0].spec, FullAttention)
+    eagle_verified: set[int] = set()
+    num_hashed = len(views.fine) * views.hash_block_size
+    while True:
+        cur = hit
+        for k, sg in enumerate(spec_groups):
+            spec = sg.spec
+            if isinstance(spec, FullAttention) and found[k] is not None:
+                cur = min(cur, lengths[k])  # downward closed: looked up once, then clamped
+                continue
+            drop = sg.eagle and k not in eagle_verified
+            limit = cur
+            if drop and not isinstance(spec, Mamba):
+                limit = min(cur + spec.block_size, num_hashed)
+            blocks, new_len = find_for_spec(spec, views.at(spec.block_size), limit, alignment,
+                                            lookups[k], drop)
+            if drop:
+                eagle_verified.add(k)
+            elif new_len < cur:
+                eagle_verified.clear()
+            cur = new_len
+            found[k] = blocks
+            lengths[k] = new_len
+            longest = max(longest, cur)
+        if cur >= hit:
+            break
+        hit = cur
+        if simple:
+            break
+    out: list[list[Any]] = []
+    for k, sg in enumerate(spec_groups):
+        blocks = found[k] if found[k] is not None else []
+        if isinstance(sg.spec, FullAttention):
+            del blocks[cdiv(hit, sg.spec.block_size):]
+        out.append(blocks)
+    return out, hit, longest
+
+
+class HybridHit(NamedTuple):
+    length: int
+    # Per group index: mask[i] is True when block slot i is a real (non-null) block to reuse or
+    # load; [] for groups that take no part in prefix caching.
+    masks: tuple[list[bool], ...]
+    # Longest hit of any single spec group; above `length` it marks a shared prefix that a sparse
+    # group has not cached (vLLM pins it as `shared_prefix_boundary`).
+    longest_group_hit: int
+
+
+def longest_hybrid_hit(
+    specs: Sequence[KVSpec],
+    block_hashes: Sequence[bytes],
+    hash_block_size: int,
+    is_cached: Callable[[int, bytes], bool] | Sequence[Container[bytes]],
+    max_length: int,
+    alignment: int | None = None,
+    eagle_groups: Collection[int] = (),
+) -> HybridHit:
+    """The hit a node with `specs` would compute for a request.
+
+    `block_hashes` are the request's fine hashes (at `hash_block_size`); a group with a coarser
+    block sees the last fine hash of each of its blocks. `is_cached(group_idx, hash)` or one
+    container of hashes per group says what the node holds. `max_length` is the cap (vLLM uses
+    the request's token count minus one). `alignment` defaults to the lcm of the block sizes.
+    """
+    spec_groups = split_spec_groups(specs, eagle_groups)
+    lookups: list[Lookup] = []
+    for sg in spec_groups:
+        ids = sg.group_ids
+        if callable(is_cached):
+            fn = is_cached
+            lookups.append((lambda h, g=ids[0], fn=fn: fn(g, h)) if len(ids) == 1
+                           else (lambda h, ids=ids, fn=fn: all(fn(g, h) for g in ids)))
+        else:
+            sets = [is_cached[g] for g in ids]
+            lookups.append(sets[0].__contains__ if len(sets) == 1
+                           else (lambda h, sets=sets: all(h in s for s in sets)))
+    found, hit, longest = find_hit(spec_groups, ViewCache(block_hashes, hash_block_size), lookups,
+                                   max_length, alignment or default_alignment(specs))
+    masks: list[list[bool]] = [[] for _ in specs]
+    for sg, blocks in zip(spec_groups, found):
+        mask = [b is not None for b in blocks]
+        for g in sg.group_ids:
+            masks[g] = list(mask)
+    return HybridHit(hit, tuple(masks), longest)

@@ -1,0 +1,238 @@
+"""Per-attention-type block bookkeeping for one KV cache group: allocate, cache, free, skip.
+
+One manager per group; all managers of a node share one block pool. A manager owns each
+request's block table (`req_to_blocks`, null blocks for skipped slots) and how many of its blocks
+are already cached (`num_cached_block`), and decides which leading blocks attention no longer
+reads (`num_skipped_tokens`) so they can be freed early. Hit *search* is not here: it is the pure
+`gpu.hit` module, shared with the router.
+
+Invariants:
+* `num_cached_block[r]` counts leading slots that were cached or deliberately skipped (hit
+  blocks, nulls, masked blocks); only blocks past it are offered to the pool for caching.
+* Early freeing replaces a block by the null block and frees it; a freed cached block stays
+  cached in the free queue until reused (so `BlockRemoved` can come while the request runs).
+* Freeing a finished request releases its blocks tail first (tail evicted first).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpu.block_pool import BlockPool, KVBlock
+from gpu.hit import cdiv
+from gpu.retention import reachable_block_mask
+from gpu.specs import ChunkedLocal, CrossAttention, FullAttention, KVSpec, Mamba, SlidingWindow
+
+
+class SingleTypeManager:
+    def __init__(self, spec: KVSpec, pool: BlockPool, group_idx: int, alignment: int,
+                 eagle: bool = False) -> None:
+        self.spec = spec
+        self.pool = pool
+        self.group_idx = group_idx
+        self.block_size = spec.block_size
+        self.alignment = alignment  # where hits land; the masks need it
+        self.eagle = eagle
+        self.null = pool.null_block
+        self.req_to_blocks: dict[str, list[KVBlock]] = {}
+        self.num_cached_block: dict[str, int] = {}
+
+    # --- allocation ---------------------------------------------------------------------------
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Leading tokens attention will not read again (0: keep everything)."""
+        return 0
+
+    def num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                               new_computed: Sequence[KVBlock], total_computed_tokens: int) -> int:
+        required = cdiv(num_tokens, self.block_size)
+        have = len(self.req_to_blocks.get(request_id, ()))
+        if request_id in self.num_cached_block:  # running: no new hits
+            return max(required - have, 0)
+        skipped = self.num_skipped_tokens(total_computed_tokens) // self.block_size
+        new = max(required - max(skipped, len(new_computed) + have), 0)
+        start = max(0, skipped - have)
+        # Touching a hit block that sits in the free queue takes it out: count it too.
+        evictable = sum(1 for b in new_computed[start:] if b.ref_cnt == 0 and not b.is_null)
+        return new + evictable
+
+    def add_computed_blocks(self, request_id: str, new_computed: Sequence[KVBlock],
+                            num_computed_tokens: int) -> None:
+        """Adopt a fresh request's hit blocks (those inside the window), nulls before them."""
+        blocks = self.req_to_blocks.setdefault(request_id, [])
+        assert not blocks, f"request {request_id} already has blocks in group {self.group_idx}"
+        skipped = self.num_skipped_tokens(num_computed_tokens) // self.block_size
+        kept = new_computed[skipped:]
+        self.pool.touch(kept)
+        blocks.extend([self.null] * skipped)
+        blocks.extend(kept)
+        self.num_cached_block[request_id] = len(blocks)
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVBlock]:
+        blocks = self.req_to_blocks.setdefault(request_id, [])
+        n = cdiv(num_tokens, self.block_size) - len(blocks)
+        if n <= 0:
+            return []
+        new = self.pool.get_new_blocks(n)
+        blocks.extend(new)
+        return new
+
+    # --- caching ------------------------------------------------------------------------------
+
+    def cache_blocks(self, request: Any, num_tokens: int, retention: int | None,
+                     boundaries: Sequence[int]) -> None:
+        if not self.spec.prefix_cacheable:
+            return
+        rid = request.request_id
+        num_cached = self.num_cached_block.get(rid, 0)
+        hashed_tokens = len(request.block_hashes) * self.pool.hash_block_size
+        num_full = min(num_tokens, hashed_tokens) // self.block_size
+        if num_cached >= num_full:
+            return
+        reachable = list(boundaries)
+        if request.shared_prefix_boundary:
+            reachable.append(request.shared_prefix_boundary)
+            if self.eagle:
+                reachable.append(request.shared_prefix_boundary - self.block_size)
+        mask = reachable_block_mask(self.spec, num_cached, num_full, self.alignment, self.eagle,
+                                    retention, reachable)
+        self.pool.cache_full_blocks(request, self.req_to_blocks[rid], num_cached, num_full,
+                                    self.block_size, self.group_idx, mask)
+        self.num_cached_block[rid] = num_full
+
+    # --- freeing ------------------------------------------------------------------------------
+
+    def free(self, request_id: str) -> None:
+        blocks = self.req_to_blocks.pop(request_id, [])
+        self.num_cached_block.pop(request_id, None)
+        start = 0
+        while start < len(blocks) and blocks[start].is_null:
+            start += 1
+        self.pool.free_blocks(reversed(blocks[start:]))
+
+    def remove_skipped_blocks(self, request_id: str, processed_tokens: int) -> None:
+        skipped = self.num_skipped_tokens(processed_tokens)
+        if skipped <= 0:
+            return
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return
+        self._null_range(request_id, blocks, min(skipped // self.block_size, len(blocks)))
+
+    def _null_range(self, request_id: str, blocks: list[KVBlock], end: int) -> None:
+        """Free blocks `[.., end)` going backwards, stopping at the first null (already freed)."""
+        freed: list[KVBlock] = []
+        for i in range(end - 1, -1, -1):
+            if blocks[i].is_null:
+                break
+            freed.append(blocks[i])
+            blocks[i] = self.null
+        if freed:
+            self.pool.free_blocks(freed)
+
+
+class FullAttentionManager(SingleTypeManager):
+    pass
+
+
+class SlidingWindowManager(SingleTypeManager):
+    """Tokens before `processed - window + 1` are never read again: their blocks go early."""
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return max(0, num_computed_tokens - self.spec.sliding_window + 1)  # type: ignore[attr-defined]
+
+
+class ChunkedLocalManager(SingleTypeManager):
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        chunk = self.spec.attention_chunk_size  # type: ignore[attr-defined]
+        return num_computed_tokens // chunk * chunk
+
+
+class MambaAlignManager(SingleTypeManager):
+    """Mamba in align mode: a request holds one live state block, at the slot of its latest
+    block end; earlier slots are null except the previous state (kept one step to copy from).
+
+    Each block end reached by a step leaves its state in that block, which is what gets cached,
+    so a Mamba group publishes one hash per state it kept (dense retention: every step's state).
+    Not reproduced: speculative-decoding blocks, prefill checkpoints, partial-block (fine-grained)
+    hits and the same-step hit deferral for freshly written states.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.last_state_idx: dict[str, int] = {}
+        self.retired: dict[str, int] = {}
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return num_computed_tokens - 1
+
+    def num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                               new_computed: Sequence[KVBlock], total_computed_tokens: int) -> int:
+        new = cdiv(num_tokens, self.block_size) - len(new_computed) - len(self.req_to_blocks.get(request_id, ()))
+        evictable = sum(1 for b in new_computed if b.ref_cnt == 0 and not b.is_null)
+        return min(max(new, 0), 1) + evictable
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVBlock]:
+        blocks = self.req_to_blocks.setdefault(request_id, [])
+        required = cdiv(num_tokens, self.block_size)
+        if required <= len(blocks):
+            return []
+        if blocks:
+            self.last_state_idx[request_id] = len(blocks) - 1
+        if len(blocks) < required - 1:
+            blocks.extend([self.null] * (required - 1 - len(blocks)))
+        new = self.pool.get_new_blocks(required - len(blocks))
+        blocks.extend(new)
+        return new
+
+    def remove_skipped_blocks(self, request_id: str, processed_tokens: int) -> None:
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return
+        end = min(max(processed_tokens - 1, 0) // self.block_size, len(blocks))
+        start = self.retired.get(request_id, 0)
+        if start < end:
+            freed = []
+            for i in range(end - 1, start - 1, -1):  # null gaps between states are skipped
+                if not blocks[i].is_null:
+                    freed.append(blocks[i])
+                    blocks[i] = self.null
+            if freed:
+                self.pool.free_blocks(freed)
+            self.retired[request_id] = end
+        last = self.last_state_idx.get(request_id)
+        if last is not None and last < cdiv(processed_tokens, self.block_size) - 1 and not blocks[last].is_null:
+            self.pool.free_blocks([blocks[last]])
+            blocks[last] = self.null
+
+    def free(self, request_id: str) -> None:
+        self.last_state_idx.pop(request_id, None)
+        self.retired.pop(request_id, None)
+        super().free(request_id)
+
+
+class CrossAttentionManager(SingleTypeManager):
+    """Encoder KV for one request: allocated from the encoder length, never cached or hit."""
+
+    def cache_blocks(self, request: Any, num_tokens: int, retention: int | None,
+                     boundaries: Sequence[int]) -> None:
+        return None
+
+
+def make_manager(spec: KVSpec, pool: BlockPool, group_idx: int, alignment: int,
+                 eagle: bool = False) -> SingleTypeManager:
+    if isinstance(spec, FullAttention):
+        cls: type[SingleTypeManager] = FullAttentionManager
+    elif isinstance(spec, SlidingWindow):
+        cls = SlidingWindowManager
+    elif isinstance(spec, Mamba):
+        if spec.mode != "align":
+            raise ValueError(f"group {group_idx}: only Mamba mode 'align' is supported, got {spec.mode!r}")
+        cls = MambaAlignManager
+    elif isinstance(spec, ChunkedLocal):
+        cls = ChunkedLocalManager
+    elif isinstance(spec, CrossAttention):
+        cls = CrossAttentionManager
+    else:
+        raise ValueError(f"group {group_idx}: no manager for {type(spec).__name__}")
+    return cls(spec, pool, group_idx, alignment, eagle)

@@ -1,0 +1,113 @@
+"""`kvpipe infra up|down|status`: the local Kafka broker and kvpipe's topics.
+
+With `KVPIPE_KAFKA_BOOTSTRAP` set, the cluster is someone else's: `up` only checks that it answers
+and provisions topics, `down` does nothing, `status` reports that cluster.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from infra.errors import InfraError
+from schemas.settings import Settings, SettingsError, load_settings
+
+EXIT_DOWN = 3  # `status` when nothing answers, like `systemctl status` (LSB: "program is not running")
+
+
+def broker_config(s: Settings):  # -> infra.kafka.config.BrokerConfig
+    from infra.kafka.config import BrokerConfig
+
+    return BrokerConfig(state_dir=Path(s.state_dir), port=s.kafka_port, controller_port=s.kafka_controller_port,
+                        version=s.kafka_version, heap=s.kafka_heap, max_message_bytes=s.max_message_bytes)
+
+
+def _specs(s: Settings):
+    from infra.topics import default_specs
+
+    return default_specs(s.events_topic, s.dlq_topic, s.snapshot_topic, s.partitions)
+
+
+def cmd_up(s: Settings, args: argparse.Namespace) -> int:
+    from infra.kafka.local import LocalKafka, broker_answers
+    from infra.topics import ensure_topics
+
+    t0 = time.monotonic()
+    if s.is_local_kafka():
+        st = LocalKafka(broker_config(s)).up(timeout=args.timeout)
+        verb = "started" if st.started else "already running"
+        print(f"kafka: {verb}, pid {st.pid}, bootstrap {st.bootstrap} ({time.monotonic() - t0:.1f} s)")
+    else:
+        if not broker_answers(s.bootstrap(), timeout=min(args.timeout, 15.0)):
+            raise InfraError(f"KVPIPE_KAFKA_BOOTSTRAP={s.bootstrap()} does not answer a metadata request; "
+                             f"check the address, or unset it to run the local broker")
+        print(f"kafka: external cluster at {s.bootstrap()} answers (nothing started)")
+    for name, state in ensure_topics(s.bootstrap(), _specs(s)).items():
+        print(f"topic {name}: {state}")
+    return 0
+
+
+def cmd_down(s: Settings, args: argparse.Namespace) -> int:
+    from infra.kafka.local import LocalKafka
+
+    if not s.is_local_kafka():
+        print(f"kafka: external cluster {s.bootstrap()} is not managed by kvpipe; nothing to stop")
+        return 0
+    print(LocalKafka(broker_config(s)).down(purge=args.purge))
+    return 0
+
+
+def cmd_status(s: Settings, args: argparse.Namespace) -> int:
+    from infra.kafka.local import LocalKafka, broker_answers
+    from infra.topics import list_topics
+
+    if s.is_local_kafka():
+        cfg = broker_config(s)
+        pid = LocalKafka(cfg).running_pid()
+        print(f"kafka: local broker, state {cfg.kafka_dir}, log {cfg.server_log}")
+        if pid is None:
+            print(f"kafka: not running (start it with `kvpipe infra up`)")
+            return EXIT_DOWN
+        print(f"kafka: pid {pid}, bootstrap {cfg.bootstrap}")
+    else:
+        print(f"kafka: external cluster, bootstrap {s.bootstrap()}")
+    if not broker_answers(s.bootstrap(), timeout=5.0):
+        print(f"kafka: {s.bootstrap()} does not answer a metadata request")
+        return EXIT_DOWN
+    topics = list_topics(s.bootstrap(), internal=args.all)
+    print(f"topics ({len(topics)}):")
+    for name, n in topics.items():
+        print(f"  {name:<40} {n:>4} partitions")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvpipe infra", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{up,down,status}")
+    up = sub.add_parser("up", help="start the local broker (if not running) and create kvpipe's topics",
+                        description="Start the local Kafka broker unless it runs (idempotent), wait until it "
+                                    "answers, create the events, DLQ and snapshot topics if missing.")
+    up.add_argument("--partitions", type=int, default=None,
+                    help="partitions of the events and snapshot topics (default: settings.partitions)")
+    up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for the broker (default 90)")
+    down = sub.add_parser("down", help="stop the local broker", description="Stop the broker whose pid is in "
+                          "<state_dir>/kafka/kafka.pid (SIGTERM, then SIGKILL after 30 s). Nothing else is touched.")
+    down.add_argument("--purge", action="store_true", help="also delete the broker's data dir (all topics)")
+    st = sub.add_parser("status", help="show pid, bootstrap and topics; exit 0 if up, 3 if down",
+                        description="Show what runs where. Exit status 0 if the broker answers, 3 if not.")
+    st.add_argument("--all", action="store_true", help="include internal topics (__consumer_offsets, ...)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        s = load_settings({"partitions": getattr(args, "partitions", None)})
+        if s.partitions < 1:
+            raise SettingsError(f"partitions must be >= 1, got {s.partitions}")
+        return {"up": cmd_up, "down": cmd_down, "status": cmd_status}[args.cmd](s, args)
+    except (InfraError, SettingsError) as e:
+        print(f"kvpipe infra {args.cmd}: {e}", file=sys.stderr)
+        return 1

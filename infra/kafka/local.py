@@ -1,0 +1,228 @@
+"""Start, wait for, and stop one local Apache Kafka broker per state directory.
+
+Invariants:
+- The pid file names the only process `down` will ever signal, and only after /proc confirms that
+  pid still runs `kafka.Kafka` with *this* state dir's server.properties — pids are reused, and
+  other engineers run their own brokers on the same machine.
+- `up` returns only once the broker answers a metadata request, so callers can create topics and
+  produce immediately. A broker that does not get there within the timeout is stopped again, and
+  the error carries the tail of its server.log.
+- The broker runs in its own session (process group): Ctrl-C in the terminal that ran `up`, or a
+  test runner tearing down its process group, does not take the shared dev broker with it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.errors import InfraError
+from infra.kafka import config as kconfig
+from infra.kafka.config import BrokerConfig
+from infra.kafka.jars import classpath, require_tool, resolve_jars
+
+# JVM flags from Kafka's kafka-run-class.sh (KAFKA_JVM_PERFORMANCE_OPTS), minus JMX: nothing here
+# reads JMX and an open JMX port on a dev machine is one more thing to collide.
+JVM_FLAGS = ["-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
+             "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true"]
+
+# Children started by this Python process: polled instead of waitpid'ed so they are reaped
+# (no zombies in a long-lived test session) without tripping Popen's own bookkeeping.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    pid: int | None
+    bootstrap: str
+    started: bool = False  # True if this call started the process, False if it was already up
+
+
+def _quiet_logger() -> logging.Logger:
+    # librdkafka logs every refused connection while the broker boots; those are expected here.
+    log = logging.getLogger("infra.kafka.probe")
+    log.addHandler(logging.NullHandler())
+    log.propagate = False
+    return log
+
+
+def broker_answers(bootstrap: str, timeout: float = 2.0) -> bool:
+    """True if a broker at `bootstrap` answers a metadata request within `timeout` seconds."""
+    from confluent_kafka.admin import AdminClient  # lazy: `--help` must not load librdkafka
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": _quiet_logger(),
+                         "socket.connection.setup.timeout.ms": max(1000, int(timeout * 1000))})
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except Exception:  # KafkaException on timeout / transport failure: "not (yet) answering"
+        return False
+    return bool(md.brokers)
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    if not path.is_file():
+        return f"({path} does not exist)"
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - 64 * 1024))
+        text = f.read().decode(errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class LocalKafka:
+    def __init__(self, cfg: BrokerConfig) -> None:
+        self.cfg = cfg
+
+    # -- process identity -------------------------------------------------------------------
+    def _is_ours(self, pid: int) -> bool:
+        child = _CHILDREN.get(pid)
+        if child is not None and child.poll() is not None:
+            del _CHILDREN[pid]
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return False  # someone else's process now holds that pid
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        if not cmdline.parent.exists():
+            return True  # no /proc (macOS): trust a live pid from our own pid file
+        try:
+            # The java launcher re-execs itself right after start; for those few ms its cmdline
+            # reads as empty. Re-read instead of mistaking our own broker for a stranger.
+            for _ in range(40):
+                raw = cmdline.read_bytes()
+                if raw:
+                    break
+                time.sleep(0.025)
+            args = raw.split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        if state == "Z":
+            return False
+        return b"kafka.Kafka" in args and str(self.cfg.server_properties.resolve()).encode() in args
+
+    def running_pid(self) -> int | None:
+        """The pid of this state dir's broker if it runs; a stale pid file is removed."""
+        try:
+            pid = int(self.cfg.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        if self._is_ours(pid):
+            return pid
+        self.cfg.pid_file.unlink(missing_ok=True)
+        return None
+
+    # -- up ---------------------------------------------------------------------------------
+    def up(self, timeout: float = 90.0) -> BrokerStatus:
+        pid = self.running_pid()
+        if pid is not None:
+            self._wait_ready(pid, timeout)
+            return BrokerStatus(pid, self.cfg.bootstrap, started=False)
+        java = require_tool("java")
+        for port in (self.cfg.port, self.cfg.controller_port):
+            if _port_open(self.cfg.host, port):
+                raise InfraError(
+                    f"port {self.cfg.host}:{port} is already in use by a process that is not this state dir's "
+                    f"broker ({self.cfg.state_dir}). Stop it, or choose other ports with "
+                    f"KVPIPE_KAFKA_PORT / KVPIPE_KAFKA_CONTROLLER_PORT (or point KVPIPE_KAFKA_BOOTSTRAP at it).")
+        libs = resolve_jars(self.cfg.version)
+        kconfig.write_configs(self.cfg)
+        self._format_storage(java, libs)
+        cmd = [java, f"-Xmx{self.cfg.heap}", *JVM_FLAGS,
+               f"-Dlog4j.configuration=file:{self.cfg.log4j_properties.resolve()}",
+               f"-Dkafka.logs.dir={self.cfg.kafka_dir.resolve()}",
+               "-cp", classpath(libs), "kafka.Kafka", str(self.cfg.server_properties.resolve())]
+        with open(self.cfg.console_log, "wb") as out:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=self.cfg.kafka_dir)
+        _CHILDREN[proc.pid] = proc
+        tmp = self.cfg.pid_file.with_suffix(".tmp")
+        tmp.write_text(f"{proc.pid}\n")
+        tmp.replace(self.cfg.pid_file)  # atomic: `status` never reads a half-written pid
+        try:
+            self._wait_ready(proc.pid, timeout)
+        except InfraError:
+            self._stop(proc.pid, grace=10.0)
+            self.cfg.pid_file.unlink(missing_ok=True)
+            raise
+        return BrokerStatus(proc.pid, self.cfg.bootstrap, started=True)
+
+    def _format_storage(self, java: str, libs: Path) -> None:
+        """`kafka-storage.sh format` once per data dir; meta.properties marks a formatted dir."""
+        if (self.cfg.data_dir / "meta.properties").is_file():
+            return
+        cid = kconfig.cluster_id(self.cfg)
+        cmd = [java, "-Xmx256m", f"-Dlog4j.configuration=file:{self.cfg.log4j_properties.resolve()}",
+               "-cp", classpath(libs), "kafka.tools.StorageTool", "format",
+               "-t", cid, "-c", str(self.cfg.server_properties.resolve()), "--ignore-formatted"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise InfraError(f"formatting Kafka storage in {self.cfg.data_dir} failed (exit {proc.returncode}):\n"
+                             f"{(proc.stdout + proc.stderr).strip()}\n"
+                             f"If the data dir belongs to another cluster id, run `kvpipe infra down --purge`.")
+
+    def _wait_ready(self, pid: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self._is_ours(pid):
+                raise InfraError(f"the Kafka broker (pid {pid}) exited during startup.\n"
+                                 f"--- tail of {self.cfg.server_log}:\n{tail(self.cfg.server_log)}\n"
+                                 f"--- tail of {self.cfg.console_log}:\n{tail(self.cfg.console_log, 15)}")
+            # A TCP probe first: cheap, and keeps librdkafka from spinning on a closed port.
+            if _port_open(self.cfg.host, self.cfg.port) and broker_answers(self.cfg.bootstrap, 2.0):
+                return
+            if time.monotonic() > deadline:
+                raise InfraError(f"the Kafka broker (pid {pid}) did not answer on {self.cfg.bootstrap} within "
+                                 f"{timeout:.0f} s; stopped it.\n"
+                                 f"--- tail of {self.cfg.server_log}:\n{tail(self.cfg.server_log)}")
+            time.sleep(0.25)
+
+    # -- down -------------------------------------------------------------------------------
+    def _stop(self, pid: int, grace: float) -> bool:
+        """SIGTERM (Kafka shuts down cleanly: flushes logs, no recovery on next start), then
+        SIGKILL after `grace` seconds. Returns True if SIGKILL was needed."""
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return False
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if not self._is_ours(pid):
+                return False
+            time.sleep(0.1)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        while self._is_ours(pid):
+            time.sleep(0.05)
+        return True
+
+    def down(self, purge: bool = False, grace: float = 30.0) -> str:
+        pid = self.running_pid()
+        if pid is None:
+            msg = f"no Kafka broker running for {self.cfg.state_dir}"
+        else:
+            killed = self._stop(pid, grace)
+            msg = f"stopped Kafka broker pid {pid}" + (" (SIGKILL after SIGTERM timed out)" if killed else "")
+        self.cfg.pid_file.unlink(missing_ok=True)
+        if purge:
+            shutil.rmtree(self.cfg.data_dir, ignore_errors=True)
+            self.cfg.cluster_id_file.unlink(missing_ok=True)
+            msg += f"; deleted {self.cfg.data_dir}"
+        return msg

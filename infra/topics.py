@@ -1,0 +1,125 @@
+"""Topic provisioning through the Kafka admin API, idempotent.
+
+The broker runs with auto-creation off, so every topic kvpipe uses is declared here (Faust's own
+internal topics excepted: Faust creates those itself through the same admin API). Existing topics
+are checked, never altered: a partition count that differs from the spec is an error, because
+growing it would move keys (= nodes) to other partitions and break per-node ordering, and
+shrinking is impossible. The user decides (delete the topic, or use the existing count).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from infra.errors import InfraError
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: Mapping[str, str] = field(default_factory=dict)
+    replication: int = 1
+
+
+def default_specs(events_topic: str, dlq_topic: str, snapshot_topic: str, partitions: int) -> list[TopicSpec]:
+    """kvpipe's topics: events (key = node_id), the DLQ, and index snapshots. Snapshots are keyed by
+    events partition and compacted (only the newest snapshot per key matters), with as many
+    partitions as the events topic so snapshot partition i can follow events partition i."""
+    return [
+        TopicSpec(events_topic, partitions),
+        TopicSpec(dlq_topic, 1),
+        TopicSpec(snapshot_topic, partitions, {"cleanup.policy": "compact"}),
+    ]
+
+
+def _admin(bootstrap: str):  # -> confluent_kafka.admin.AdminClient (lazy import keeps --help fast)
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def list_topics(bootstrap: str, timeout: float = 10.0, internal: bool = False) -> dict[str, int]:
+    """Topic name → partition count; internal (`__…`) topics only if asked for."""
+    from confluent_kafka import KafkaException
+
+    try:
+        md = _admin(bootstrap).list_topics(timeout=timeout)
+    except KafkaException as e:
+        raise InfraError(f"Kafka at {bootstrap} did not answer a metadata request within {timeout:.0f} s: {e}") from e
+    return {name: len(t.partitions) for name, t in sorted(md.topics.items())
+            if internal or not name.startswith("__")}
+
+
+def _config_mismatches(admin, specs: list[TopicSpec], timeout: float) -> list[str]:
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    wanted = [s for s in specs if s.config]
+    if not wanted:
+        return []
+    resources = [ConfigResource(ResourceType.TOPIC, s.name) for s in wanted]
+    problems = []
+    for spec, fut in zip(wanted, admin.describe_configs(resources).values()):
+        entries = fut.result(timeout=timeout)
+        for key, value in spec.config.items():
+            actual = entries[key].value if key in entries else None
+            if actual != value:
+                problems.append(f"topic {spec.name!r} has {key}={actual}, kvpipe needs {key}={value} "
+                                f"(fix with: kafka-configs --alter --entity-type topics --entity-name {spec.name} "
+                                f"--add-config {key}={value})")
+    return problems
+
+
+def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 30.0) -> dict[str, str]:
+    """Create missing topics; verify existing ones. Returns name → "created" | "exists".
+
+    Raises InfraError listing *every* mismatch (partition count, required configs) at once, so
+    one run shows the user everything to fix.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    specs = list(specs)
+    admin = _admin(bootstrap)
+    try:
+        existing = {n: len(t.partitions) for n, t in admin.list_topics(timeout=timeout).topics.items()}
+    except KafkaException as e:
+        raise InfraError(f"Kafka at {bootstrap} is not reachable: {e}") from e
+    result: dict[str, str] = {}
+    missing = [s for s in specs if s.name not in existing]
+    if missing:
+        futures = admin.create_topics(
+            [NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication, config=dict(s.config))
+             for s in missing], operation_timeout=timeout, request_timeout=timeout)
+        for name, fut in futures.items():
+            try:
+                fut.result(timeout=timeout)
+                result[name] = "created"
+            except KafkaException as e:
+                err = e.args[0]
+                if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:  # lost a race with another `up`: fine
+                    raise InfraError(f"creating topic {name!r} on {bootstrap} failed: {err.str()}") from e
+                result[name] = "exists"
+        if any(v == "exists" for v in result.values()):
+            existing.update({n: len(t.partitions) for n, t in admin.list_topics(timeout=timeout).topics.items()})
+    problems = []
+    for s in specs:
+        if result.get(s.name) == "created":
+            continue
+        result[s.name] = "exists"
+        if existing.get(s.name) != s.partitions:
+            problems.append(f"topic {s.name!r} exists with {existing.get(s.name)} partitions, kvpipe is configured "
+                            f"for {s.partitions}; either set KVPIPE_PARTITIONS={existing.get(s.name)} "
+                            f"(or `kvpipe infra up --partitions {existing.get(s.name)}`), or delete the topic "
+                            f"(local broker: `kvpipe infra down --purge` deletes all data)")
+    problems += _config_mismatches(admin, [s for s in specs if result[s.name] == "exists"], timeout)
+    if problems:
+        raise InfraError("topic check failed:\n  " + "\n  ".join(problems))
+    return result
+
+
+def delete_topics(bootstrap: str, names: Iterable[str], timeout: float = 30.0) -> None:
+    """For tests that create uniquely named topics and clean up after themselves."""
+    admin = _admin(bootstrap)  # keep a reference: futures fail with _DESTROY once the client is collected
+    for fut in admin.delete_topics(list(names), operation_timeout=timeout).values():
+        fut.result(timeout=timeout)

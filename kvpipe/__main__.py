@@ -1,0 +1,5 @@
+import sys
+
+from kvpipe.cli import main
+
+sys.exit(main())

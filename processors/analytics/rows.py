@@ -1,0 +1,217 @@
+"""Analytics rows: what one Kafka message turns into in ClickHouse, as plain values.
+
+Pure functions, no I/O. `event_rows` maps one envelope's events to `EventRow`s; the processor
+builds `LifetimeRow`s itself (it owns the index that knows when each block was stored). The sink
+turns rows into columns with `event_columns` / `lifetime_columns`.
+
+Identity: every row carries the Kafka coordinates `(partition, offset, idx)` of the message and
+event it came from. A replay after a crash reproduces the same coordinates and the same values
+(timestamps are the node's batch `ts`, never the processor's clock — except `ingest_ts`, which
+is informational and not part of any key), so the ReplacingMergeTree key collapses the copies
+(see `processors.analytics.sink`).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import msgspec
+
+from schemas.envelope import Envelope
+from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, ExternalHash
+
+U64_MASK = (1 << 64) - 1
+
+KIND_STORED = "stored"
+KIND_REMOVED = "removed"
+KIND_CLEARED = "cleared"
+
+REASON_EVICTED = "evicted"
+REASON_CLEARED = "cleared"
+REASON_NODE_EXPIRED = "node_expired"
+
+
+def hash_to_u64(h: ExternalHash) -> int:
+    """A vLLM block hash as ClickHouse UInt64.
+
+    Ints are vLLM's external form already (last 8 digest bytes, big-endian); masking keeps a
+    stray negative or wider int in range instead of failing the whole insert. Bytes get vLLM's own
+    conversion (`maybe_convert_block_hash`): the last 8 bytes, big-endian.
+    """
+    if isinstance(h, int):
+        return h & U64_MASK
+    return int.from_bytes(h[-8:], "big")
+
+
+class EventRow(msgspec.Struct, gc=False):
+    """One KV event. `gc=False`: rows are flat values and there are many of them."""
+
+    node_id: str
+    epoch: int
+    seq: int
+    dp_rank: int  # -1: the envelope did not say
+    group_idx: int  # -1: no group (AllBlocksCleared, or a pre-HMA node)
+    medium: str  # "" when vLLM sent None (and for AllBlocksCleared)
+    kind: str  # KIND_STORED | KIND_REMOVED | KIND_CLEARED
+    block_hashes: list[int]  # u64
+    parent_hash: int | None  # u64; None = first block of the request (stored as 0 + has_parent=0)
+    num_blocks: int
+    num_tokens: int  # len(token_ids) of a BlockStored; may exceed num_blocks*block_size (SWA masks)
+    block_size: int  # tokens per block of the group; 0 when unknown (BlockRemoved without specs)
+    spec_kind: str  # vLLM KVCacheSpecKind string; "" when unknown
+    ts: float  # the node's batch ts (seconds since the epoch)
+    ingest_ts: float  # when the processor decoded the message (not part of the dedup key)
+    partition: int
+    offset: int
+    idx: int  # index of the event within the message
+
+
+class LifetimeRow(msgspec.Struct, gc=False):
+    """One block lifetime on one node, group and medium: stored → removed.
+
+    `(partition, offset, idx)` are the coordinates of the event that ended the lifetime (for
+    `node_expired`, whatever deterministic message the processor attributes the expiry to); with
+    `block_hash` they identify the row, since one AllBlocksCleared ends many lifetimes.
+    """
+
+    node_id: str
+    epoch: int
+    group_idx: int
+    medium: str
+    block_hash: int  # u64
+    stored_ts: float
+    removed_ts: float
+    reason: str  # REASON_EVICTED | REASON_CLEARED | REASON_NODE_EXPIRED
+    partition: int
+    offset: int
+    idx: int
+    copy_idx: int = 0  # set by the sink (number_copies); see there
+
+
+def group_kinds_of(env: Envelope) -> dict[int, tuple[str, int]]:
+    """`group_idx → (spec kind, block size)` from the envelope's group specs (empty if absent)."""
+    return {g.group_idx: (g.kind, g.block_size) for g in env.group_specs or ()}
+
+
+def event_rows(
+    env: Envelope,
+    events: list[Event],
+    partition: int,
+    offset: int,
+    ingest_ts: float,
+    group_kinds: Mapping[int, tuple[str, int]] | None = None,
+) -> list[EventRow]:
+    """One row per event of the envelope (none for a heartbeat).
+
+    `group_kinds` (optional, `group_idx → (kind, block_size)`) lets the processor pass the specs
+    it remembers for the node, since specs travel only on some envelopes; specs on this envelope
+    take precedence, and a BlockStored's own `kv_cache_spec_kind`/`block_size` over both.
+    """
+    if not events:
+        return []
+    kinds: dict[int, tuple[str, int]] = dict(group_kinds or {})
+    if env.group_specs:
+        kinds.update(group_kinds_of(env))
+    dp_rank = -1 if env.dp_rank is None else env.dp_rank
+    rows: list[EventRow] = []
+    for idx, ev in enumerate(events):
+        if isinstance(ev, AllBlocksCleared):
+            rows.append(EventRow(env.node_id, env.epoch, env.seq, dp_rank, -1, "", KIND_CLEARED, [], None,
+                                 0, 0, 0, "", env.ts, ingest_ts, partition, offset, idx))
+            continue
+        group = -1 if ev.group_idx is None else ev.group_idx
+        spec_kind, spec_block_size = kinds.get(group, ("", 0))
+        hashes = [hash_to_u64(h) for h in ev.block_hashes]
+        if isinstance(ev, BlockStored):
+            parent = None if ev.parent_block_hash is None else hash_to_u64(ev.parent_block_hash)
+            rows.append(EventRow(env.node_id, env.epoch, env.seq, dp_rank, group, ev.medium or "", KIND_STORED,
+                                 hashes, parent, len(hashes), len(ev.token_ids), ev.block_size,
+                                 ev.kv_cache_spec_kind or spec_kind, env.ts, ingest_ts, partition, offset, idx))
+        elif isinstance(ev, BlockRemoved):
+            rows.append(EventRow(env.node_id, env.epoch, env.seq, dp_rank, group, ev.medium or "", KIND_REMOVED,
+                                 hashes, None, len(hashes), 0, spec_block_size, spec_kind, env.ts, ingest_ts,
+                                 partition, offset, idx))
+        else:
+            raise TypeError(f"node {env.node_id!r} seq {env.seq}: event {idx} is {type(ev).__name__}, not a KV event")
+    return rows
+
+
+# --- columns for the sink --------------------------------------------------------------------------
+# Column names differ from field names where the field name is an SQL keyword (partition, offset).
+
+EVENT_COLUMNS = (
+    "ts", "ingest_ts", "node_id", "epoch", "seq", "dp_rank", "group_idx", "medium", "kind", "spec_kind",
+    "block_hashes", "parent_hash", "has_parent", "num_blocks", "num_tokens", "block_size",
+    "kafka_partition", "kafka_offset", "event_idx",
+)
+LIFETIME_COLUMNS = (
+    "node_id", "epoch", "group_idx", "medium", "block_hash", "stored_ts", "removed_ts", "lifetime_s", "reason",
+    "kafka_partition", "kafka_offset", "event_idx", "copy_idx",
+)
+
+
+def _us(ts: float) -> int:
+    # clickhouse-connect writes ints into DateTime64 columns as raw ticks (µs at precision 6);
+    # floats are not accepted, and datetime objects would cost a conversion per value.
+    return round(ts * 1_000_000)
+
+
+def event_columns(rows: list[EventRow]) -> list[list]:
+    """Column-oriented data in EVENT_COLUMNS order (one pass per column: cheap, no per-row tuples)."""
+    return [
+        [_us(r.ts) for r in rows],
+        [_us(r.ingest_ts) for r in rows],
+        [r.node_id for r in rows],
+        [r.epoch for r in rows],
+        [r.seq for r in rows],
+        [r.dp_rank for r in rows],
+        [r.group_idx for r in rows],
+        [r.medium for r in rows],
+        [r.kind for r in rows],
+        [r.spec_kind for r in rows],
+        [r.block_hashes for r in rows],
+        [r.parent_hash or 0 for r in rows],
+        [r.parent_hash is not None for r in rows],
+        [r.num_blocks for r in rows],
+        [r.num_tokens for r in rows],
+        [r.block_size for r in rows],
+        [r.partition for r in rows],
+        [r.offset for r in rows],
+        [r.idx for r in rows],
+    ]
+
+
+def number_copies(rows: list[LifetimeRow]) -> None:
+    """Set `copy_idx`: the ordinal of each row among rows of this list with the same key.
+
+    vLLM does not de-duplicate blocks: two requests computing the same prefix in one step both
+    store the hash, so one AllBlocksCleared (or a node expiry) ends two lifetimes that agree on
+    every key column. The ordinal keeps them apart, and it is the same on a replay because the
+    sink numbers each `submit` list on its own and the processor submits all lifetimes ended by one
+    message in one call.
+    """
+    seen: dict[tuple, int] = {}
+    for r in rows:
+        key = (r.node_id, r.group_idx, r.medium, r.block_hash, r.partition, r.offset, r.idx)
+        n = seen.get(key, 0)
+        if n:
+            r.copy_idx = n
+        seen[key] = n + 1
+
+
+def lifetime_columns(rows: list[LifetimeRow]) -> list[list]:
+    """Column-oriented data in LIFETIME_COLUMNS order."""
+    return [
+        [r.node_id for r in rows],
+        [r.epoch for r in rows],
+        [r.group_idx for r in rows],
+        [r.medium for r in rows],
+        [r.block_hash for r in rows],
+        [_us(r.stored_ts) for r in rows],
+        [_us(r.removed_ts) for r in rows],
+        [r.removed_ts - r.stored_ts for r in rows],
+        [r.reason for r in rows],
+        [r.partition for r in rows],
+        [r.offset for r in rows],
+        [r.idx for r in rows],
+        [r.copy_idx for r in rows],
+    ]

@@ -1,0 +1,7 @@
+"""Getting KV events off a serving node and into Kafka.
+
+Owns: the Kafka publisher (`publisher.Publisher`, confluent-kafka), envelope sequencing
+(`sequencer.Sequencer`: epoch, contiguous seq, drop accounting, when group specs travel), the
+`kvpipe inspect` decoder, the producer benchmark, and the vLLM ZMQ bridge (subpackage `bridge`).
+May import: schemas, confluent-kafka, pyzmq (and the standard library).
+"""

@@ -1,0 +1,389 @@
+"""The node-side Kafka publisher: one envelope per node step, never blocking the step loop.
+
+`publish()` is the serving node's hot path: it only appends `(events, ts, drops_so_far)` to a
+bounded deque and returns. A background thread turns queued steps into envelopes (seq assigned
+there, see `Sequencer`), encodes them and hands them to confluent-kafka, serves delivery reports
+and sends heartbeats when the node is idle. Kafka's own ordering guarantee (idempotent producer,
+key = node id) keeps a node's envelopes in seq order on one partition.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import msgspec
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from producer.sequencer import Sequencer
+from schemas.codec import KAFKA_HEADERS, DecodeError, decode_envelope, encode_vllm_batch
+from schemas.envelope import Envelope, GroupSpec, HashConfig
+from schemas.events import Event
+from schemas.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Delivery reports are served every this many sends while draining a backlog, so librdkafka's
+# report queue (and our counters) never lag far behind.
+_POLL_EVERY = 32
+# Wait while envelopes are in flight: short, because delivery reports are only served by poll().
+_INFLIGHT_WAIT_S = 0.002
+_IDLE_WAIT_MAX_S = 0.05
+# Failure logging: every failure up to this many, then one summary line per _LOG_EVERY failures,
+# so a dead broker does not turn the log into the bottleneck.
+_LOG_FIRST = 20
+_LOG_EVERY = 1000
+
+
+class _RawBatch(msgspec.Struct, gc=False):
+    payload: bytes
+    num_events: int
+    ts: float
+    layout: str
+    upstream_seq: int | None
+    lost_batches: int
+    dp_rank: int | None
+    dropped_total: int
+
+
+class _NewEpoch(msgspec.Struct, gc=False):
+    epoch: int
+    dropped_total: int
+
+
+class _Specs(msgspec.Struct):
+    specs: list[GroupSpec]
+    hash_config: HashConfig | None
+
+
+def kafka_config(settings: Settings, node_id: str, overrides: dict | None = None) -> dict[str, Any]:
+    """The producer configuration the publisher runs with (the benchmark's baseline uses it too)."""
+    config: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap(),
+        "client.id": f"kvpipe-{node_id}",
+        # Idempotence + acks=all: retries after a broker hiccup neither duplicate nor reorder.
+        "enable.idempotence": True,
+        "acks": "all",
+        "compression.type": settings.compression,
+        "linger.ms": settings.linger_ms,
+        # We enforce max_message_bytes on the envelope ourselves (with a useful message); this
+        # only has to leave room for the record batch overhead, as the broker config does.
+        "message.max.bytes": settings.max_message_bytes + 64 * 1024,
+    }
+    config.update(overrides or {})
+    return config
+
+
+class Publisher:
+    """Publishes one node's KV events to Kafka.
+
+    Threading: one producer thread calls publish/publish_raw/new_epoch/set_group_specs; the
+    background thread owns the Sequencer, the confluent-kafka producer and its callbacks. Each
+    counter is written by exactly one of the two threads, so none needs a lock.
+    Back-pressure: when the queue holds `producer_queue_batches` steps, publish drops the step
+    (returns False) instead of blocking the GPU loop; the loss is reported as `dropped` on the next
+    envelope, which tells consumers that node's index is incomplete.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        node_id: str,
+        *,
+        model: str | None = None,
+        dp_rank: int | None = 0,
+        group_specs: list[GroupSpec] | None = None,
+        hash_config: HashConfig | None = None,
+        epoch: int | None = None,
+        topic: str | None = None,
+        source: str = "kvpipe",
+        producer_config: dict | None = None,
+    ) -> None:
+        # Wall-clock ms: a restarted node gets a larger epoch without any persisted state.
+        self._epoch = int(time.time() * 1000) if epoch is None else epoch
+        self._node_id = node_id
+        self._seq = Sequencer(
+            node_id, self._epoch, model=model, dp_rank=dp_rank, group_specs=group_specs,
+            hash_config=hash_config, source=source, specs_every_s=settings.specs_every_s,
+        )
+        self._dp_rank = dp_rank
+        self._topic = topic or settings.events_topic
+        self._key = node_id.encode()
+        self._max_bytes = settings.max_message_bytes
+        self._heartbeat_s = settings.heartbeat_s
+        self._encoder = msgspec.msgpack.Encoder()
+        config = kafka_config(settings, node_id, producer_config)
+        config.setdefault("error_cb", self._on_kafka_error)
+        config["on_delivery"] = self._on_delivery
+        self._producer = Producer(config)
+
+        self._queue: deque = deque()
+        self._cap = settings.producer_queue_batches
+        self._wake = threading.Event()
+        self._idle = False
+        self._stopping = False
+        self._closed = False
+        # producer-thread counters
+        self._enqueued = 0  # items (steps and control) appended
+        self._queued = 0  # steps accepted
+        self._dropped = 0  # events dropped at the queue (monotone; snapshots feed `dropped`)
+        self._dropped_batches = 0
+        # background-thread counters
+        self._taken = 0  # items fully handled
+        self._sent = 0
+        self._sent_events = 0
+        self._lost = 0  # events lost after the queue (encode or produce errors)
+        self._bytes = 0
+        self._heartbeats = 0
+        self._delivered = 0
+        self._failed = 0
+        self._last_send = time.monotonic()
+
+        self._thread = threading.Thread(target=self._run, name=f"kvpipe-publisher-{node_id}", daemon=True)
+        self._thread.start()
+
+    # -- producer-thread API -----------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def node_id(self) -> str:
+        return self._node_id
+
+    def publish(self, events: list[Event], ts: float | None = None) -> bool:
+        """Queue one node step; never blocks. False = dropped because the queue is full."""
+        q = self._queue
+        if len(q) >= self._cap:
+            return self._drop(len(events))
+        q.append((events, time.time() if ts is None else ts, self._dropped))
+        self._enqueued += 1
+        self._queued += 1
+        if self._idle:
+            self._wake.set()
+        return True
+
+    def publish_raw(
+        self,
+        payload: bytes,
+        *,
+        num_events: int,
+        ts: float,
+        layout: str = "map",
+        upstream_seq: int | None = None,
+        lost_batches: int = 0,
+        dp_rank: int | None = None,
+    ) -> bool:
+        """Queue an already-encoded vLLM batch; it is embedded in the envelope byte for byte."""
+        if not payload:
+            raise ValueError(f"node {self._node_id!r}: publish_raw needs a non-empty vLLM batch payload")
+        q = self._queue
+        if len(q) >= self._cap:
+            return self._drop(num_events)
+        q.append(_RawBatch(bytes(payload), num_events, ts, layout, upstream_seq, lost_batches, dp_rank, self._dropped))
+        self._enqueued += 1
+        self._queued += 1
+        if self._idle:
+            self._wake.set()
+        return True
+
+    def new_epoch(self, epoch: int | None = None) -> int:
+        """Start a new cache incarnation: steps queued after this call go out from seq 0 of it."""
+        if epoch is None:
+            epoch = max(int(time.time() * 1000), self._epoch + 1)
+        elif epoch <= self._epoch:
+            raise ValueError(f"node {self._node_id!r}: new epoch {epoch} must be greater than {self._epoch}")
+        self._epoch = epoch
+        self._control(_NewEpoch(epoch, self._dropped))
+        return epoch
+
+    def set_group_specs(self, specs: list[GroupSpec], hash_config: HashConfig | None = None) -> None:
+        """The next envelope (after the steps already queued) carries these specs."""
+        self._control(_Specs(list(specs), hash_config))
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "queued": self._queued,
+            "sent": self._sent,
+            "sent_events": self._sent_events,
+            "delivered": self._delivered,
+            "failed": self._failed,
+            "dropped": self._dropped + self._lost,
+            "dropped_batches": self._dropped_batches,
+            "bytes": self._bytes,
+            "heartbeats": self._heartbeats,
+            "queue_depth": len(self._queue),
+            "in_flight": len(self._producer),
+        }
+
+    def flush(self, timeout: float = 10.0) -> int:
+        """Wait until everything queued so far is delivered (or failed); returns what remains."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = self._pending()
+            if remaining == 0 or time.monotonic() >= deadline or not self._thread.is_alive():
+                return remaining
+            self._wake.set()
+            time.sleep(0.002)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush, stop the background thread; later publishes are dropped. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._cap = -1  # every later publish takes the drop path
+        remaining = self.flush(timeout)
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=max(1.0, timeout))
+        if remaining:
+            # Still undelivered: purge so each message gets a (failed) delivery report we count and
+            # log, instead of librdkafka warning about them at interpreter exit.
+            log.error("node %s: %d envelope(s) undelivered after %.1f s; purging them", self._node_id, remaining, timeout)
+            self._producer.purge()
+            self._producer.flush(0)
+
+    def __enter__(self) -> "Publisher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals shared by both threads ------------------------------------------------------
+
+    def _drop(self, num_events: int) -> bool:
+        if self._closed and self._dropped_batches == 0:
+            log.warning("node %s: publish after close; the step is dropped", self._node_id)
+        self._dropped += num_events
+        self._dropped_batches += 1
+        return False
+
+    def _control(self, item: object) -> None:
+        # Control items go through the same queue (so they take effect after the steps already
+        # queued) but never count against its bound: losing an epoch change would be a lie.
+        self._queue.append(item)
+        self._enqueued += 1
+        self._wake.set()
+
+    def _pending(self) -> int:
+        return (self._enqueued - self._taken) + len(self._producer)
+
+    # -- background thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        q = self._queue
+        producer = self._producer
+        handled = 0
+        while True:
+            if q:
+                item = q.popleft()
+                try:
+                    self._handle(item)
+                except Exception:  # never let one bad step kill the sender silently
+                    log.exception("node %s: could not send a queued item; continuing", self._node_id)
+                self._taken += 1
+                handled += 1
+                if handled % _POLL_EVERY == 0:
+                    producer.poll(0)
+                continue
+            producer.poll(0)
+            if self._stopping:
+                break
+            idle_for = time.monotonic() - self._last_send
+            if idle_for >= self._heartbeat_s:
+                self._heartbeat()
+                continue
+            wait = _INFLIGHT_WAIT_S if len(producer) else min(self._heartbeat_s - idle_for, _IDLE_WAIT_MAX_S)
+            self._wake.clear()
+            self._idle = True
+            if not q:  # re-check after raising the flag: a publish in between sets the event
+                self._wake.wait(wait)
+            self._idle = False
+
+    def _handle(self, item: Any) -> None:
+        if type(item) is tuple:
+            events, ts, dropped_total = item
+            try:
+                payload = encode_vllm_batch(events, ts, self._dp_rank)
+            except (TypeError, ValueError, msgspec.EncodeError) as exc:
+                self._lose(len(events), f"its events do not encode as vLLM events: {exc}")
+                return
+            env = self._seq.stamp(
+                ts=ts, sent_ts=time.time(), mono=time.monotonic(), dropped_total=dropped_total,
+                batch=msgspec.Raw(payload), num_events=len(events),
+            )
+            self._send(env)
+        elif type(item) is _RawBatch:
+            env = self._seq.stamp(
+                ts=item.ts, sent_ts=time.time(), mono=time.monotonic(), dropped_total=item.dropped_total,
+                batch=msgspec.Raw(item.payload), num_events=item.num_events, layout=item.layout,
+                upstream_seq=item.upstream_seq, lost_batches=item.lost_batches, dp_rank=item.dp_rank,
+            )
+            self._send(env)
+        elif type(item) is _NewEpoch:
+            self._seq.new_epoch(item.epoch, item.dropped_total)
+        elif type(item) is _Specs:
+            self._seq.set_group_specs(item.specs, item.hash_config)
+
+    def _heartbeat(self) -> None:
+        now = time.time()
+        env = self._seq.heartbeat(now=now, mono=time.monotonic(), dropped_total=self._dropped)
+        if self._send(env):
+            self._heartbeats += 1
+        else:
+            self._last_send = time.monotonic()  # don't retry in a tight loop against a dead producer
+
+    def _send(self, env: Envelope) -> bool:
+        data = self._encoder.encode(env)
+        if len(data) > self._max_bytes:
+            self._seq.unstamp(env)
+            self._lose(env.num_events, f"its envelope is {len(data)} bytes, over max_message_bytes={self._max_bytes}; publish smaller steps")
+            return False
+        while True:
+            try:
+                self._producer.produce(self._topic, data, self._key, headers=KAFKA_HEADERS)
+                break
+            except BufferError:
+                # librdkafka's own queue is full: wait for deliveries rather than lose the
+                # envelope; our bounded queue in front absorbs (and drops) the overflow.
+                self._producer.poll(0.05)
+            except KafkaException as exc:
+                self._seq.unstamp(env)
+                self._failed += 1
+                self._lose(env.num_events, f"Kafka refused it: {exc.args[0]}")
+                return False
+        self._sent += 1
+        self._sent_events += env.num_events
+        self._bytes += len(data)
+        self._last_send = time.monotonic()
+        return True
+
+    def _lose(self, num_events: int, reason: str) -> None:
+        self._lost += num_events
+        self._seq.note_lost(num_events)
+        log.error("node %s: a step of %d events is lost, %s", self._node_id, num_events, reason)
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            self._delivered += 1
+            return
+        self._failed += 1
+        if self._failed <= _LOG_FIRST or self._failed % _LOG_EVERY == 0:
+            log.error("node %s: envelope %s to %s failed: %s (%d failed so far)",
+                      self._node_id, _describe(msg.value()), msg.topic(), err.str(), self._failed)
+
+    def _on_kafka_error(self, err: KafkaError) -> None:
+        level = logging.ERROR if err.fatal() else logging.WARNING
+        log.log(level, "node %s: Kafka client error: %s", self._node_id, err.str())
+
+
+def _describe(value: bytes | None) -> str:
+    """`epoch=… seq=…` of a failed envelope (failure path only: decoding costs)."""
+    try:
+        env = decode_envelope(value or b"")
+    except DecodeError:
+        return "(undecodable)"
+    return f"epoch={env.epoch} seq={env.seq} ({env.num_events} events)"

@@ -1,0 +1,89 @@
+"""kvpipe's envelope: one Kafka message = one node step (or one heartbeat).
+
+The envelope is a msgpack **map** (field names on the wire) so it can grow: within a major
+version, new fields are optional and appended; old readers ignore unknown keys, new readers fill
+defaults. The vLLM event batch rides inside it as raw msgpack (`batch`), exactly the bytes vLLM's
+encoder produces (`KVEventBatch`), so a vLLM consumer can decode it unchanged and the bridge can
+forward a real node's payload without re-encoding it.
+
+Ordering contract: per node, envelopes are applied in `(epoch, seq)` order. `epoch` identifies one
+incarnation of the node's cache (a larger epoch means the previous cache is gone); `seq` is
+contiguous from 0 within an epoch. Group specs and the hash config travel at least on the first
+envelope of an epoch (seq 0) and periodically after that.
+"""
+from __future__ import annotations
+
+import msgspec
+
+SCHEMA_MAJOR = 1
+
+# Spec kinds as vLLM names them (KVCacheSpecKind).
+KIND_FULL = "full_attention"
+KIND_MLA = "mla_attention"
+KIND_SLIDING = "sliding_window"
+KIND_SLIDING_MLA = "sliding_window_mla"
+KIND_MAMBA = "mamba"
+KIND_CHUNKED_LOCAL = "chunked_local_attention"
+KIND_SINK_FULL = "sink_full_attention"
+KIND_ENCODER_ONLY = "encoder_only_attention"
+KIND_CROSS = "cross_attention"
+KIND_UNKNOWN = "unknown"
+KNOWN_KINDS = frozenset(
+    {KIND_FULL, KIND_MLA, KIND_SLIDING, KIND_SLIDING_MLA, KIND_MAMBA, KIND_CHUNKED_LOCAL,
+     KIND_SINK_FULL, KIND_ENCODER_ONLY, KIND_CROSS, KIND_UNKNOWN}
+)
+
+
+class GroupSpec(msgspec.Struct, omit_defaults=True):
+    """One KV cache group of a node (vLLM's `kv_cache_groups[group_idx]`)."""
+
+    group_idx: int
+    kind: str
+    block_size: int  # tokens per block of this group
+    sliding_window: int | None = None  # tokens, sliding-window kinds
+    attention_chunk_size: int | None = None  # tokens, chunked-local attention
+    mamba_cache_mode: str | None = None  # "align" | "all" | "none", Mamba groups
+    num_layers: int | None = None
+
+
+class HashConfig(msgspec.Struct, omit_defaults=True):
+    """How the node computes block hashes, so a router can recompute them from token ids."""
+
+    algorithm: str = "sha256"  # sha256 | sha256_cbor | xxhash | xxhash_cbor
+    hash_block_size: int = 16  # tokens per hash unit (gcd of group block sizes for hybrid models)
+    # Seed rule for NONE_HASH: "default" (the constant "vllm-none-hash"), "pythonhashseed"
+    # (the seed string below), "random" (per-process, not reproducible).
+    none_hash_seed_rule: str = "default"
+    none_hash_seed: str | None = None
+    int_hashes: bool = True  # external form: last 8 bytes as int (True) or raw digest bytes
+
+
+class Envelope(msgspec.Struct, omit_defaults=True):
+    v: int  # schema major version
+    node_id: str
+    epoch: int
+    seq: int
+    ts: float  # wall clock when the node produced the batch (vLLM's batch ts)
+    sent_ts: float = 0.0  # wall clock when the publisher handed it to Kafka
+    model: str | None = None
+    dp_rank: int | None = None
+    group_specs: list[GroupSpec] | None = None
+    hash_config: HashConfig | None = None
+    dropped: int = 0  # events the producer had to drop since the previous envelope
+    lost_batches: int = 0  # upstream batches known lost (bridge: gone from vLLM's replay ring)
+    num_events: int = 0
+    # vLLM KVEventBatch bytes (array [ts, events, dp_rank]) embedded as-is; empty (omitted on
+    # the wire) for a heartbeat. msgspec.Raw cannot be Optional, so "absent" is the empty Raw.
+    batch: msgspec.Raw = msgspec.Raw()
+    source: str = "kvpipe"  # "kvpipe" (our GPU side) | "vllm-bridge"
+    upstream_seq: int | None = None  # the vLLM ZMQ seq of this batch, when bridged
+    layout: str = "map"  # "map" (vLLM >= 0.24 events) | "array" (vLLM <= 0.23 events)
+
+    @property
+    def is_heartbeat(self) -> bool:
+        return len(self.batch) == 0
+
+
+HEADER_VERSION = "kvpipe-schema"
+HEADER_CONTENT_TYPE = "content-type"
+CONTENT_TYPE = "application/vnd.kvpipe.envelope+msgpack"

@@ -1,0 +1,56 @@
+"""Shared fixtures: the real Kafka broker and throwaway topics on it.
+
+Integration tests never skip: a missing broker is a failed run with instructions, because a
+skipped integration suite looks green and proves nothing.
+"""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from schemas.settings import load_settings
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    """`host:port` of the broker from the settings (default: the local one on 127.0.0.1:19092)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    bootstrap = load_settings().bootstrap()
+    try:
+        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+    except KafkaException as exc:
+        pytest.fail(
+            f"no Kafka broker answers at {bootstrap} ({exc}). Integration tests need the real broker: "
+            "run them with `make test`, or start it with `kvpipe infra up` (or point KVPIPE_KAFKA_BOOTSTRAP at one).",
+            pytrace=False,
+        )
+    return bootstrap
+
+
+@pytest.fixture
+def unique_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
+    """Factory: `unique_topic("what", partitions=1)` creates a fresh topic and returns its name;
+    every topic it created is deleted when the test ends."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    created: list[str] = []
+
+    def make(prefix: str = "test", partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        future = admin.create_topics([NewTopic(name, partitions, 1, config=config or {})], operation_timeout=30)[name]
+        future.result(timeout=30)
+        created.append(name)
+        return name
+
+    yield make
+    if created:
+        for future in admin.delete_topics(created, operation_timeout=30).values():
+            try:
+                future.result(timeout=30)
+            except Exception:  # cleanup only; a leftover test topic is harmless
+                pass

@@ -1,0 +1,194 @@
+"""The Publisher against the real broker: what a consumer of kv-events actually sees."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+
+from producer.publisher import Publisher
+from schemas.codec import KAFKA_HEADERS, decode_envelope, encode_vllm_batch, envelope_events
+from schemas.envelope import Envelope, GroupSpec, HashConfig
+from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from schemas.settings import Settings, load_settings
+
+pytestmark = pytest.mark.integration
+
+SPECS = [GroupSpec(0, "full_attention", 16), GroupSpec(1, "sliding_window", 16, sliding_window=64)]
+HASH = HashConfig(algorithm="sha256", hash_block_size=16)
+
+
+def settings(**overrides: object) -> Settings:
+    return load_settings(overrides={"heartbeat_s": 60.0, **overrides})
+
+
+def step(i: int) -> list:
+    return [
+        BlockStored([i * 10 + 1, i * 10 + 2], None, list(range(32)), 16, None, "GPU", None,
+                    extra_keys=[None, None], group_idx=0, kv_cache_spec_kind="full_attention"),
+        BlockRemoved([i * 10 + 1], "GPU", group_idx=1),
+    ]
+
+
+def consume(bootstrap: str, topic: str, count: int, timeout: float = 20.0) -> list[Message]:
+    """The first `count` messages of partition 0 (fewer if the timeout passes)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    out: list[Message] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < count and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                out.append(msg)
+    finally:
+        consumer.close()
+    return out
+
+
+def envelopes(bootstrap: str, topic: str, count: int) -> list[Envelope]:
+    msgs = consume(bootstrap, topic, count)
+    assert len(msgs) == count, f"expected {count} envelopes on {topic}, got {len(msgs)}"
+    return [decode_envelope(m.value()) for m in msgs]
+
+
+def test_steps_arrive_in_order_with_contiguous_seq_specs_headers_and_key(kafka_bootstrap, unique_topic) -> None:
+    topic = unique_topic("pub-order")
+    steps = [step(i) for i in range(20)]
+    with Publisher(settings(), "node-a", model="m", group_specs=SPECS, hash_config=HASH, topic=topic) as pub:
+        for i, events in enumerate(steps):
+            assert pub.publish(events, ts=1000.0 + i)
+        assert pub.flush(10) == 0
+        counters = pub.counters()
+        epoch = pub.epoch
+    assert counters["delivered"] == counters["sent"] == 20 and counters["failed"] == counters["dropped"] == 0
+
+    msgs = consume(kafka_bootstrap, topic, 20)
+    assert [m.key() for m in msgs] == [b"node-a"] * 20
+    assert all(m.headers() == KAFKA_HEADERS for m in msgs)
+    envs = [decode_envelope(m.value()) for m in msgs]
+    assert [e.seq for e in envs] == list(range(20))
+    assert {(e.node_id, e.epoch, e.model, e.dp_rank) for e in envs} == {("node-a", epoch, "m", 0)}
+    assert envs[0].group_specs == SPECS and envs[0].hash_config == HASH
+    assert all(e.group_specs is None for e in envs[1:])
+    assert [envelope_events(e) for e in envs] == steps
+    assert [e.ts for e in envs] == [1000.0 + i for i in range(20)]
+    assert all(e.num_events == 2 and e.dropped == 0 and e.sent_ts > 0 for e in envs)
+
+
+def test_full_queue_drops_the_step_and_the_next_envelope_reports_it(kafka_bootstrap, unique_topic) -> None:
+    topic = unique_topic("pub-drop")
+    pub = Publisher(settings(producer_queue_batches=2), "node-b", topic=topic)
+    # Hold the sender inside its first step so the queue fills up deterministically.
+    gate = threading.Event()
+    stamp = pub._seq.stamp
+
+    def held_stamp(**kw):
+        gate.wait(10)
+        return stamp(**kw)
+
+    pub._seq.stamp = held_stamp  # type: ignore[method-assign]
+    try:
+        assert pub.publish(step(0))
+        deadline = time.monotonic() + 5
+        while pub.counters()["queue_depth"] and time.monotonic() < deadline:
+            time.sleep(0.01)  # the sender takes step 0 and blocks
+        assert pub.publish(step(1)) and pub.publish(step(2))
+        assert pub.publish(step(3)) is False  # queue full: dropped, not blocked
+        assert pub.counters()["dropped"] == 2 and pub.counters()["dropped_batches"] == 1
+        gate.set()
+        assert pub.flush(10) == 0
+        assert pub.publish(step(4))
+        assert pub.flush(10) == 0
+    finally:
+        gate.set()
+        pub.close()
+    envs = envelopes(kafka_bootstrap, topic, 4)
+    assert [e.seq for e in envs] == [0, 1, 2, 3]  # no gap where step 3 was dropped
+    assert [e.dropped for e in envs] == [0, 0, 0, 2]
+    assert [envelope_events(e) for e in envs] == [step(0), step(1), step(2), step(4)]
+
+
+def test_idle_node_sends_heartbeats(kafka_bootstrap, unique_topic) -> None:
+    topic = unique_topic("pub-heartbeat")
+    with Publisher(settings(heartbeat_s=0.3), "node-c", group_specs=SPECS, topic=topic) as pub:
+        pub.publish(step(0))
+        time.sleep(1.0)
+        counters = pub.counters()
+    assert counters["heartbeats"] >= 2
+    envs = envelopes(kafka_bootstrap, topic, 3)
+    assert [e.seq for e in envs] == [0, 1, 2]
+    assert not envs[0].is_heartbeat
+    assert envs[1].is_heartbeat and envs[2].is_heartbeat
+    assert envs[1].num_events == 0 and envelope_events(envs[1]) == []
+
+
+def test_new_epoch_restarts_seq_and_resends_specs(kafka_bootstrap, unique_topic) -> None:
+    topic = unique_topic("pub-epoch")
+    with Publisher(settings(), "node-d", group_specs=SPECS, epoch=5, topic=topic) as pub:
+        pub.publish(step(0))
+        pub.publish(step(1))
+        new = pub.new_epoch()
+        assert new > 5 and pub.epoch == new
+        pub.publish([AllBlocksCleared()])
+        pub.publish(step(2))
+        with pytest.raises(ValueError):
+            pub.new_epoch(new)
+    envs = envelopes(kafka_bootstrap, topic, 4)
+    assert [(e.epoch, e.seq) for e in envs] == [(5, 0), (5, 1), (new, 0), (new, 1)]
+    assert envs[2].group_specs == SPECS and envs[3].group_specs is None
+
+
+def test_set_group_specs_rides_on_the_next_envelope(kafka_bootstrap, unique_topic) -> None:
+    topic = unique_topic("pub-specs")
+    new = [GroupSpec(0, "full_attention", 32)]
+    with Publisher(settings(), "node-e", group_specs=SPECS, topic=topic) as pub:
+        pub.publish(step(0))
+        pub.publish(step(1))
+        pub.set_group_specs(new, HASH)
+        pub.publish(step(2))
+    envs = envelopes(kafka_bootstrap, topic, 3)
+    assert [e.group_specs for e in envs] == [SPECS, None, new]
+    assert envs[2].hash_config == HASH
+
+
+def test_publish_raw_embeds_the_vllm_payload_byte_identical(kafka_bootstrap, unique_topic) -> None:
+    topic = unique_topic("pub-raw")
+    array_payload = encode_vllm_batch(step(0), 12.5, dp_rank=1, layout="array")
+    map_payload = encode_vllm_batch(step(1), 13.5, dp_rank=1)
+    with Publisher(settings(), "node-f", source="vllm-bridge", topic=topic) as pub:
+        assert pub.publish_raw(array_payload, num_events=2, ts=12.5, layout="array", upstream_seq=7, dp_rank=1)
+        assert pub.publish_raw(map_payload, num_events=2, ts=13.5, upstream_seq=8, lost_batches=3, dp_rank=1)
+    envs = envelopes(kafka_bootstrap, topic, 2)
+    assert bytes(envs[0].batch) == array_payload and bytes(envs[1].batch) == map_payload
+    assert [(e.layout, e.upstream_seq, e.lost_batches, e.dp_rank, e.source) for e in envs] == [
+        ("array", 7, 0, 1, "vllm-bridge"), ("map", 8, 3, 1, "vllm-bridge")]
+    assert envelope_events(envs[1]) == step(1)
+
+
+def test_close_flushes_everything(kafka_bootstrap, unique_topic) -> None:
+    topic = unique_topic("pub-close")
+    pub = Publisher(settings(), "node-g", topic=topic)
+    for i in range(300):
+        pub.publish(step(i))
+    pub.close()  # no explicit flush
+    pub.close()  # idempotent
+    assert pub.counters()["delivered"] == 300
+    assert pub.publish(step(0)) is False  # closed: dropped, never blocks
+    envs = envelopes(kafka_bootstrap, topic, 300)
+    assert [e.seq for e in envs] == list(range(300))
+
+
+def test_delivery_failure_is_counted_and_logged(kafka_bootstrap, caplog) -> None:
+    missing = f"no-such-topic-{time.time_ns()}"  # the broker does not auto-create topics
+    caplog.set_level(logging.ERROR, logger="producer.publisher")
+    pub = Publisher(settings(), "node-h", topic=missing, producer_config={"message.timeout.ms": 1500})
+    pub.publish(step(0))
+    remaining = pub.flush(10)
+    pub.close(1)
+    counters = pub.counters()
+    assert remaining == 0 and counters["failed"] == 1 and counters["delivered"] == 0
+    failures = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert failures and "node-h" in failures[0] and "seq=0" in failures[0] and missing in failures[0]

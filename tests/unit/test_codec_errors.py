@@ -1,0 +1,79 @@
+"""Every way a message can be bad gets its own error kind and a message that says what to fix."""
+import msgspec
+import pytest
+
+from schemas.codec import (
+    INVALID, NOT_MSGPACK, TOO_LARGE, UNKNOWN_VERSION, WRONG_SHAPE, DecodeError, KAFKA_HEADERS,
+    check_headers, decode_envelope, decode_vllm_batch, encode_envelope, encode_vllm_batch, envelope_events,
+)
+from schemas.envelope import Envelope, GroupSpec
+from schemas.events import BlockRemoved
+
+
+def _env(**kw):
+    base = dict(v=1, node_id="n1", epoch=1, seq=0, ts=1.0)
+    base.update(kw)
+    return Envelope(**base)
+
+
+def _kind(data, **kw):
+    with pytest.raises(DecodeError) as info:
+        decode_envelope(data, **kw)
+    return info.value
+
+
+def test_truncated_envelope_is_not_msgpack_and_says_truncated():
+    data = encode_envelope(_env(batch=msgspec.Raw(encode_vllm_batch([BlockRemoved([1], "GPU")], 1.0))))
+    err = _kind(data[:-3])
+    assert err.kind == NOT_MSGPACK and "truncated" in err.message
+
+
+def test_garbage_bytes_are_rejected_with_a_hex_excerpt():
+    err = _kind(b"\xc1\xc1 this is not msgpack")
+    assert err.kind == NOT_MSGPACK and "c1 c1" in err.message
+
+
+def test_msgpack_of_the_wrong_shape_names_the_field():
+    err = _kind(msgspec.msgpack.encode({"v": 1, "node_id": "n", "epoch": "one", "seq": 0, "ts": 0.0}))
+    assert err.kind == WRONG_SHAPE and "epoch" in err.message
+
+
+def test_unknown_major_version_even_when_the_shape_changed():
+    err = _kind(msgspec.msgpack.encode({"v": 2, "node": "renamed field"}))
+    assert err.kind == UNKNOWN_VERSION and "2" in err.message
+
+
+def test_size_limit_is_checked_before_parsing():
+    err = _kind(encode_envelope(_env()), max_bytes=10)
+    assert err.kind == TOO_LARGE and "10-byte limit" in err.message
+
+
+def test_invariants_are_checked_after_decoding():
+    err = _kind(encode_envelope(_env(seq=-1, node_id="")))
+    assert err.kind == INVALID and "seq -1" in err.message and "node_id is empty" in err.message
+    err = _kind(encode_envelope(_env(group_specs=[GroupSpec(0, "full_attention", 16), GroupSpec(0, "mamba", 16)])))
+    assert err.kind == INVALID and "repeat a group_idx" in err.message
+
+
+def test_bad_inner_batch_is_classified_when_events_are_read():
+    env = decode_envelope(encode_envelope(_env(batch=msgspec.Raw(msgspec.msgpack.encode([1.0, [{"type": "Nope"}], 0])))))
+    with pytest.raises(DecodeError) as info:
+        envelope_events(env)
+    assert info.value.kind == WRONG_SHAPE and "Nope" in info.value.message
+
+
+def test_vllm_batch_size_limit():
+    with pytest.raises(DecodeError) as info:
+        decode_vllm_batch(b"\x93" + b"\x00" * 100, max_bytes=50)
+    assert info.value.kind == TOO_LARGE
+
+
+def test_headers_of_another_version_or_content_type_are_rejected():
+    check_headers(KAFKA_HEADERS)
+    check_headers(None)
+    with pytest.raises(DecodeError) as info:
+        check_headers([("kvpipe-schema", b"2")])
+    assert info.value.kind == UNKNOWN_VERSION
+    with pytest.raises(DecodeError) as info:
+        check_headers([("content-type", b"application/json")])
+    assert info.value.kind == WRONG_SHAPE
