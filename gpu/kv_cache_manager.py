@@ -21,7 +21,7 @@ from gpu.block_pool import KVBlock
 from gpu.coordinator import KVCacheCoordinator
 from gpu.hashing import BlockHasher, RequestKeys
 from gpu.request import Request
-from gpu.specs import KVSpec
+from gpu.specs import KVSpec, Mamba
 from schemas.envelope import GroupSpec
 from schemas.events import BlockStored
 
@@ -41,6 +41,8 @@ class KVCacheManager:
         self.scheduler_block_size = self.coordinator.scheduler_block_size
         self.hash_block_size = self.coordinator.hash_block_size
         self._stamps = [(s.kind, s.window) for s in self.specs]
+        mamba = [s.block_size for s in self.specs if isinstance(s, Mamba)]
+        self._mamba_block_size: int | None = mamba[0] if mamba else None
 
     def make_request(self, request_id: str, prompt_token_ids: Sequence[int],
                      keys: RequestKeys | None = None, session_id: str | None = None) -> Request:
@@ -80,6 +82,26 @@ class KVCacheManager:
         new_blocks = co.allocate_new_blocks(rid, num_tokens, num_encoder_tokens)
         co.cache_blocks(request, min(num_tokens, request.num_tokens))
         return new_blocks
+
+    def mamba_aligned_chunk(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0) -> int:
+        """Clip a prefill chunk so a Mamba (align) group materialises its states where they can
+        be cached: chunk ends on a Mamba block boundary until the prompt's end, and stops at the
+        last cacheable boundary `(num_tokens - 1)` floored to the block. No Mamba group: as is.
+        (A simplification of vLLM's scheduler rule: no checkpoints, junction stops or EAGLE.)"""
+        if self._mamba_block_size is None:
+            return num_new_tokens
+        bs = self._mamba_block_size
+        start = request.num_computed_tokens + num_new_computed_tokens
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        if start >= prefill_end:
+            return num_new_tokens
+        end = start + num_new_tokens
+        if end < prefill_end and end // bs * bs > start:
+            end = end // bs * bs
+        last_cache = (request.num_tokens - 1) // bs * bs
+        if start < last_cache < end:
+            end = last_cache
+        return end - start
 
     def free(self, request: Request) -> None:
         self.coordinator.free(request.request_id)

@@ -1,0 +1,114 @@
+"""`kvpipe bench offload`: GB/s of batched block copies vs one contiguous copy of the same bytes.
+
+The batched copy moves `--moved` scattered blocks (random ids out of `--blocks`) of every layer of
+one group between the canonical device views and host chunks, through `BlockMover`. The baseline,
+timed in the same run and interleaved with it, is a single `copy_` of one contiguous buffer of the
+same size between the same kinds of memory (device -> host, pinned on CUDA). Median of `--reps`.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from gpu.canonical import canonicalize
+from gpu.kv_tensors import AttentionGeometry, KVLayout, allocate_kv_caches, default_device
+from gpu.offload import BlockMover, GroupTransfer, allocate_host_buffers
+from gpu.offload_checks import device_block_checksums, host_block_checksums
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="kvpipe bench offload", description=__doc__)
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--blocks", type=int, default=1024, help="device blocks per layer (4096 needs 4 GiB)")
+    p.add_argument("--moved", type=int, default=256, help="blocks moved per transfer")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-size", type=int, default=64, help="page = 2*block*heads*head*2 B (32 KiB default)")
+    p.add_argument("--layout", choices=[x.value for x in KVLayout], default=KVLayout.FLASH_ATTN.value)
+    p.add_argument("--blocks-per-chunk", type=int, default=1)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    return p.parse_args(argv)
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
+    def run(fn: Callable[[], object]) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        handle = fn()
+        if hasattr(handle, "wait"):
+            handle.wait()  # type: ignore[union-attr]
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+    return run
+
+
+def run(argv: list[str]) -> dict:
+    args = _parse(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device) if args.device else default_device()
+    geometry = AttentionGeometry(args.layers, args.block_size, args.kv_heads, args.head_size,
+                                 KVLayout(args.layout))
+    caches = allocate_kv_caches([geometry], args.blocks, dtype=torch.float16, device=device)
+    for layer in caches.group(0):
+        layer.raw.random_(0, 256)
+    canonical = canonicalize(caches)
+    bpc = args.blocks_per_chunk
+    num_chunks = -(-args.moved // bpc)
+    host = allocate_host_buffers(canonical, num_chunks, bpc)
+    mover = BlockMover(canonical, host)
+
+    gen = torch.Generator().manual_seed(0)
+    blocks = torch.randperm(args.blocks, generator=gen)[:args.moved].tolist()
+    fresh = GroupTransfer(0, blocks, list(range(num_chunks)))  # a cold tier hands out 0, 1, 2, ...
+    scattered = GroupTransfer(0, blocks, torch.randperm(num_chunks, generator=gen).tolist())
+
+    nbytes = canonical.group_bytes_per_block(0) * args.moved
+    pin = device.type == "cuda"
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 256)
+    dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+    back = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin).random_(0, 256)
+
+    timed: dict[str, Callable[[], object]] = {
+        "store": lambda: mover.store([fresh]),
+        "load": lambda: mover.load([fresh]),
+        "store_scattered": lambda: mover.store([scattered]),
+        "load_scattered": lambda: mover.load([scattered]),
+        "contiguous_store": lambda: dst.copy_(src, non_blocking=pin),
+        "contiguous_load": lambda: src.copy_(back, non_blocking=pin),
+    }
+    t = _timer(device)
+    for fn in timed.values():  # warm-up: first-touch page faults, allocator caches
+        t(fn)
+    samples: dict[str, list[float]] = {name: [] for name in timed}
+    for _ in range(args.reps):  # interleaved so drift from neighbours hits every variant alike
+        for name, fn in timed.items():
+            samples[name].append(t(fn))
+    gbps = {name: nbytes / statistics.median(s) / 1e9 for name, s in samples.items()}
+
+    mover.store([fresh]).wait()
+    verified = bool(torch.equal(device_block_checksums(canonical, 0, blocks),
+                                host_block_checksums(canonical, host, fresh)))
+    ratio = gbps["store"] / gbps["contiguous_store"]
+    return {
+        "bench": "offload", "value": round(gbps["store"], 3), "unit": "GB/s",
+        "baseline": round(gbps["contiguous_store"], 3), "ratio": round(ratio, 3),
+        "device": str(device), "cuda_available": torch.cuda.is_available(),
+        "load_gbps": round(gbps["load"], 3),
+        "load_ratio": round(gbps["load"] / gbps["contiguous_load"], 3),
+        "contiguous_load_gbps": round(gbps["contiguous_load"], 3),
+        "store_scattered_chunks_gbps": round(gbps["store_scattered"], 3),
+        "load_scattered_chunks_gbps": round(gbps["load_scattered"], 3),
+        "bytes_per_transfer": nbytes, "layers": args.layers, "canonical_tensors": len(canonical.tensors),
+        "page_bytes": geometry.page_size_bytes(torch.float16), "blocks_moved": args.moved,
+        "device_blocks": args.blocks, "blocks_per_chunk": bpc, "layout": args.layout,
+        "reps": args.reps, "threads": torch.get_num_threads(), "verified_bytes": verified,
+    }

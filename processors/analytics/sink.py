@@ -1,0 +1,286 @@
+"""AnalyticsSink: batches analytics rows off the asyncio loop into ClickHouse (chDB or a server).
+
+Threading. One clickhouse-connect client, one background writer thread. Every use of the client —
+migrations, inserts, `query()` — holds `_client_lock`: chDB serves a handle from one call at a
+time, and a query issued while another call streams on the same handle silently returns nothing.
+`query()` therefore blocks while an insert runs (at most one batch): call it from a thread
+executor, not from the event loop.
+
+chDB constraints (4.4, through clickhouse-connect 1.12's `chdb:///abs/path` DSN). One process
+hosts one engine path at a time: opening a second path while any client on the first is open
+raises; after `close()` another path may be opened. So the processor, not `kvpipe sql`, owns the
+store, and tests that use a fresh path each must close the previous sink first.
+
+Exactly once. A processor that restarts replays from its last committed offset and submits rows it
+had already written. Each row carries its Kafka coordinates `(partition, offset, idx)` (plus the
+block hash and a copy ordinal for lifetimes) at the end of a ReplacingMergeTree sorting key whose
+other columns derive from the same message, so a replayed row is a duplicate key and collapses.
+Insert dedup tokens were the alternative; they only recognise an identical block, and a replay
+regroups rows into different batches (it starts at another offset and flushes on another timer),
+so overlapping batches would double count. Merges are lazy: correct counts read the `*_final` views
+(`FINAL`), as the saved queries do.
+
+Durability contract: a row is in the store once `flush()` has returned True after its `submit`.
+The processor must flush before it commits (or snapshots) the Kafka offset covering those rows;
+otherwise a crash loses rows still queued here.
+
+Back-pressure. `submit` is O(1) and never drops: while more than `max_queue_rows` rows wait, it
+blocks the caller (counted in `submit_blocked`/`submit_blocked_s`), which holds back consumption —
+Kafka is the buffer. After `block_s` without room it raises SinkOverflow: a stuck store is a loud
+failure and the processor restarts from its committed offset, not a silent loss.
+
+Failures. A failed insert is split in halves and retried, so one bad row costs ~2·log2(batch)
+inserts and only that row is lost — counted in `<table>_failed`, with `errors` and `last_error`;
+an engine that is down (ping fails) is retried with back-off first. The writer thread survives all
+of it.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+import clickhouse_connect
+
+from processors.analytics.migrations import apply_migrations
+from processors.analytics.rows import (
+    EVENT_COLUMNS,
+    LIFETIME_COLUMNS,
+    event_columns,
+    lifetime_columns,
+    number_copies,
+)
+from processors.analytics.sqlguard import check_read_only
+
+log = logging.getLogger(__name__)
+
+EVENTS_TABLE = "kv_events"
+LIFETIMES_TABLE = "kv_block_lifetimes"
+_TABLES: dict[str, tuple[tuple[str, ...], Callable[[list], list[list]]]] = {
+    EVENTS_TABLE: (EVENT_COLUMNS, event_columns),
+    LIFETIMES_TABLE: (LIFETIME_COLUMNS, lifetime_columns),
+}
+_SPLIT_BUDGET = 64  # inserts one batch may spend isolating bad rows
+_ENGINE_RETRIES = (0.5, 1.0, 2.0, 4.0)  # seconds between retries while the engine does not answer
+
+
+class SinkOverflow(RuntimeError):
+    pass
+
+
+class AnalyticsSink:
+    def __init__(self, dsn: str, *, batch_rows: int = 5000, flush_s: float = 1.0,
+                 max_queue_rows: int | None = None, block_s: float = 5.0) -> None:
+        self.dsn = dsn
+        self.batch_rows = max(1, batch_rows)
+        self.flush_s = flush_s
+        self.max_queue_rows = max_queue_rows or 20 * self.batch_rows
+        self.block_s = block_s
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[list, list]] = deque()
+        self._unwritten = 0  # rows submitted and neither written nor failed yet
+        self._submitted = 0  # submit calls so far; flush() waits until _done catches up
+        self._done = 0
+        self._flush_wanted = 0
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._c: dict[str, Any] = {f"{t}_{k}": 0 for t in _TABLES for k in ("submitted", "written", "failed")}
+        self._c.update(batches=0, errors=0, last_error="", submit_blocked=0, submit_blocked_s=0.0)
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the client, apply migrations, start the writer thread."""
+        if self._thread is not None:
+            return
+        self._client = clickhouse_connect.get_client(dsn=self.dsn)
+        with self._client_lock:
+            apply_migrations(self._client)
+        self._thread = threading.Thread(target=self._run, name="kvpipe-analytics-writer", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Write what is queued, stop the writer, close the client (which frees the chDB path)."""
+        if self._thread is not None:
+            with self._cond:
+                self._stop = True
+                self._cond.notify_all()
+            self._thread.join()
+            self._thread = None
+        if self._client is not None:
+            with self._client_lock:
+                self._client.close()
+            self._client = None
+
+    # --- producer side (the asyncio loop) -----------------------------------------------------------
+
+    def submit(self, event_rows: list, lifetime_rows: list) -> None:
+        """Queue rows of one message (submit all lifetimes a message ends in one call)."""
+        n = len(event_rows) + len(lifetime_rows)
+        if n == 0:
+            return
+        with self._cond:
+            if self._stop or self._thread is None:
+                raise RuntimeError("AnalyticsSink.submit: the sink is not running (start() it first)")
+            if self._unwritten and self._unwritten + n > self.max_queue_rows:
+                self._wait_for_room(n)
+            self._queue.append((event_rows, lifetime_rows))
+            self._unwritten += n
+            self._submitted += 1
+            self._c[f"{EVENTS_TABLE}_submitted"] += len(event_rows)
+            self._c[f"{LIFETIMES_TABLE}_submitted"] += len(lifetime_rows)
+            self._cond.notify_all()
+
+    def _wait_for_room(self, n: int) -> None:
+        t0 = time.monotonic()
+        self._c["submit_blocked"] += 1
+        deadline = t0 + self.block_s
+        while self._unwritten and self._unwritten + n > self.max_queue_rows:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._c["submit_blocked_s"] += time.monotonic() - t0
+                raise SinkOverflow(f"analytics store is not keeping up: {self._unwritten} rows unwritten for "
+                                   f"{self.block_s:.1f} s (last error: {self._c['last_error'] or 'none'})")
+            self._cond.wait(left)
+        self._c["submit_blocked_s"] += time.monotonic() - t0
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every row submitted before this call is written (or counted failed)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            target = self._submitted
+            self._flush_wanted = max(self._flush_wanted, target)
+            self._cond.notify_all()
+            while self._done < target:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._thread is None:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def counters(self) -> dict:
+        with self._cond:
+            return dict(self._c, unwritten_rows=self._unwritten, max_queue_rows=self.max_queue_rows)
+
+    # --- read side ------------------------------------------------------------------------------
+
+    def query(self, sql: str, parameters: dict | None = None) -> dict:
+        """Run one read-only statement: `{"columns", "types", "rows"}`. Blocking (see module doc)."""
+        statement = check_read_only(sql)
+        if self._client is None:
+            raise RuntimeError("AnalyticsSink.query: the sink is not started")
+        with self._client_lock:
+            # readonly=1 (not 2): 2 would still allow table functions such as file().
+            result = self._client.query(statement, parameters=parameters, settings={"readonly": 1})
+        return {"columns": list(result.column_names), "types": [t.name for t in result.column_types],
+                "rows": [list(r) for r in result.result_rows]}
+
+    # --- writer thread --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        events: list = []
+        lifetimes: list = []
+        taken = 0  # submit calls drained into the pending lists
+        oldest = 0.0  # monotonic time the oldest pending row was drained
+        while True:
+            with self._cond:
+                while True:
+                    stop = self._stop
+                    pending = len(events) + len(lifetimes)
+                    due = pending and (stop or self._flush_wanted > self._done
+                                       or time.monotonic() - oldest >= self.flush_s
+                                       or len(events) >= self.batch_rows or len(lifetimes) >= self.batch_rows)
+                    if self._queue or due or (stop and not pending):
+                        break
+                    self._cond.wait(self.flush_s if not pending else max(0.0, oldest + self.flush_s - time.monotonic()))
+                if not pending and self._queue:
+                    oldest = time.monotonic()
+                while self._queue:
+                    ev, lt = self._queue.popleft()
+                    events.extend(ev)
+                    if lt:
+                        number_copies(lt)
+                        lifetimes.extend(lt)
+                    taken += 1
+                if stop and not events and not lifetimes:
+                    self._done = taken
+                    self._cond.notify_all()
+                    return
+                if not (stop or self._flush_wanted > self._done or time.monotonic() - oldest >= self.flush_s
+                        or len(events) >= self.batch_rows or len(lifetimes) >= self.batch_rows):
+                    continue
+            # Write outside the queue lock so submit() never waits for the engine.
+            for table, rows in ((EVENTS_TABLE, events), (LIFETIMES_TABLE, lifetimes)):
+                for i in range(0, len(rows), self.batch_rows):
+                    self._write(table, rows[i:i + self.batch_rows])
+            with self._cond:
+                self._unwritten -= len(events) + len(lifetimes)
+                self._done = taken
+                self._cond.notify_all()
+            events, lifetimes = [], []
+
+    def _write(self, table: str, rows: list) -> None:
+        try:
+            self._insert(table, rows)
+        except Exception as exc:  # noqa: BLE001 - the writer must outlive any insert failure
+            self._note_error(table, exc)
+            if not self._engine_answers():
+                self._retry_while_down(table, rows)
+                return
+            budget = [_SPLIT_BUDGET]
+            self._split(table, rows, budget)
+
+    def _insert(self, table: str, rows: list) -> None:
+        columns, to_columns = _TABLES[table]
+        data = to_columns(rows)
+        with self._client_lock:
+            self._client.insert(table, data, column_names=list(columns), column_oriented=True)
+        with self._cond:
+            self._c[f"{table}_written"] += len(rows)
+            self._c["batches"] += 1
+
+    def _split(self, table: str, rows: list, budget: list[int]) -> None:
+        """Isolate bad rows by halving; rows left when the budget is spent are counted failed."""
+        if len(rows) == 1 or budget[0] <= 0:
+            self._fail(table, rows)
+            return
+        mid = len(rows) // 2
+        for half in (rows[:mid], rows[mid:]):
+            budget[0] -= 1
+            try:
+                self._insert(table, half)
+            except Exception as exc:  # noqa: BLE001
+                self._note_error(table, exc)
+                self._split(table, half, budget)
+
+    def _retry_while_down(self, table: str, rows: list) -> None:
+        for pause in _ENGINE_RETRIES:
+            time.sleep(pause)
+            try:
+                self._insert(table, rows)
+                return
+            except Exception as exc:  # noqa: BLE001
+                self._note_error(table, exc)
+        self._fail(table, rows)
+
+    def _engine_answers(self) -> bool:
+        try:
+            with self._client_lock:
+                return bool(self._client.ping())
+        except Exception:  # noqa: BLE001
+            return False
+
+    def _note_error(self, table: str, exc: Exception) -> None:
+        with self._cond:
+            self._c["errors"] += 1
+            self._c["last_error"] = f"{table}: {type(exc).__name__}: {str(exc)[:500]}"
+
+    def _fail(self, table: str, rows: list) -> None:
+        with self._cond:
+            self._c[f"{table}_failed"] += len(rows)
+        log.error("analytics: %d %s rows could not be written and are dropped: %s",
+                  len(rows), table, self._c["last_error"])

@@ -1,0 +1,393 @@
+"""The live cache index: which node holds which block, per group and medium. Pure, no I/O.
+
+This is the hot path (every block of every event passes through `Index.apply`), so it is written
+for speed and measured (`kvpipe bench ingest`); the query side (`Index.route`) is written for
+clarity, since a request touches a few hundred hashes.
+
+Invariants:
+- Per node, envelopes are applied in `(epoch, seq)` order: `seq <= last` is a duplicate (skipped,
+  counted), `seq > last + 1` a gap (applied, but the node is *suspect* until a new epoch), a
+  smaller epoch is stale (skipped, counted), a larger epoch clears the node first.
+- A block key `(node, group, medium, hash)` is reference counted: vLLM does not de-duplicate
+  identical blocks, so two `BlockStored` of one hash need two `BlockRemoved` before the node stops
+  holding it (vllm-semantics §3.2). The first copy's store time is the lifetime's start.
+- `AllBlocksCleared` clears the node's GPU entries only (vLLM's `reset_prefix_cache` covers the GPU
+  pool; the offloading connector emits nothing for CPU, §3.3).
+- Liveness is judged on the node's own timestamps (`ts`/`sent_ts` of its envelopes), never the
+  processor's clock at apply time, so replaying the log gives the same index as processing it live:
+  a node whose next envelope comes more than `ttl_s` after its previous one is expired *before*
+  that envelope is applied, exactly as the liveness timer would have expired it in between.
+- Every entry whose refcount reaches 0 yields one `LifetimeRow`, with the Kafka coordinates of the
+  message that ended it (`idx` = event index; -1 for a clear before the events, i.e. a new epoch,
+  and for expiry, which is attributed to the node's last applied message).
+
+Layout (performance choices): hashes are dict keys as they come (int or bytes; no tuple keys).
+Each `(node, group, medium)` is a `Slot` with `blocks: hash → stored_ts` of live keys and `dups:
+hash → extra copies` (rarely non-empty, so the common refcount-1 case costs one dict entry). The
+inverted view is one dict per group, `hash → Slot | set[Slot]`: most hashes have one holder, and a
+bare Slot instead of a one-element set saves ~200 bytes and an allocation per block.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Union
+
+from processors.analytics.rows import (
+    REASON_CLEARED,
+    REASON_EVICTED,
+    REASON_NODE_EXPIRED,
+    LifetimeRow,
+    hash_to_u64,
+)
+from schemas.envelope import Envelope, GroupSpec, HashConfig
+from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, ExternalHash
+
+GPU = "GPU"
+
+APPLIED = "applied"
+DUPLICATE = "duplicate"
+STALE = "stale"
+
+SEMANTICS = "prefix-per-group"
+
+
+class Slot:
+    """The blocks one node holds in one group on one medium."""
+
+    __slots__ = ("node", "group", "medium", "blocks", "dups")
+
+    def __init__(self, node: "NodeState", group: int, medium: str) -> None:
+        self.node = node
+        self.group = group
+        self.medium = medium
+        self.blocks: dict[ExternalHash, float] = {}
+        self.dups: dict[ExternalHash, int] = {}
+
+    def refcount(self, h: ExternalHash) -> int:
+        return (1 + self.dups.get(h, 0)) if h in self.blocks else 0
+
+
+class NodeState:
+    """What the index knows about one serving node (one incarnation = one epoch at a time)."""
+
+    __slots__ = ("node_id", "epoch", "seq", "last_seen", "suspect", "reason", "expired", "group_specs",
+                 "hash_config", "model", "dp_rank", "partition", "last_offset", "slots", "counters")
+
+    def __init__(self, node_id: str, epoch: int, partition: int) -> None:
+        self.node_id = node_id
+        self.epoch = epoch
+        self.seq = -1  # last applied seq in this epoch
+        self.last_seen = 0.0  # the node's own clock: max(ts, sent_ts) of its last applied envelope
+        self.suspect = False
+        self.reason = ""
+        self.expired = False
+        self.group_specs: list[GroupSpec] | None = None
+        self.hash_config: HashConfig | None = None
+        self.model: str | None = None
+        self.dp_rank: int | None = None
+        self.partition = partition
+        self.last_offset = -1
+        self.slots: dict[tuple[int, str], Slot] = {}
+        self.counters: dict[str, int] = dict.fromkeys(NODE_COUNTERS, 0)
+
+    def mark_suspect(self, reason: str) -> None:
+        # Keep the first reason: it is the one that explains the state; later ones are consequences.
+        if not self.suspect:
+            self.suspect, self.reason = True, reason
+
+    def groups(self) -> list[int]:
+        if self.group_specs:
+            return sorted(g.group_idx for g in self.group_specs)
+        return sorted({g for g, _ in self.slots})
+
+
+NODE_COUNTERS = ("envelopes", "heartbeats", "events", "stored", "removed", "duplicates", "stale", "gaps",
+                 "unknown_removes", "dropped_events", "lost_batches", "clears")
+INDEX_COUNTERS = NODE_COUNTERS + ("expired_nodes", "new_epochs")
+
+Holders = Union[Slot, set]
+
+
+class Index:
+    """All nodes of the partitions this processor owns, plus the inverted per-group view."""
+
+    def __init__(self, ttl_s: float | None = None) -> None:
+        self.ttl_s = ttl_s
+        self.nodes: dict[str, NodeState] = {}
+        self.holders: dict[int, dict[ExternalHash, Holders]] = {}
+        self.counters: dict[str, int] = dict.fromkeys(INDEX_COUNTERS, 0)
+
+    # -- ingest ------------------------------------------------------------------------------------
+
+    def apply(self, env: Envelope, events: list[Event], partition: int = 0, offset: int = -1) -> tuple[str, list[LifetimeRow]]:
+        """Apply one envelope; returns `(APPLIED | DUPLICATE | STALE, closed lifetimes)`."""
+        closed: list[LifetimeRow] = []
+        counters = self.counters
+        node = self.nodes.get(env.node_id)
+        seen = env.sent_ts if env.sent_ts > env.ts else env.ts
+        if node is None:
+            node = self.nodes[env.node_id] = NodeState(env.node_id, env.epoch, partition)
+            if env.seq != 0:
+                node.mark_suspect(f"first envelope seen is epoch {env.epoch} seq {env.seq}: seqs 0..{env.seq - 1} were never seen")
+        else:
+            if env.epoch < node.epoch:
+                node.counters["stale"] += 1
+                counters["stale"] += 1
+                return STALE, closed
+            if env.epoch == node.epoch and env.seq <= node.seq:
+                node.counters["duplicates"] += 1
+                counters["duplicates"] += 1
+                return DUPLICATE, closed
+            if not node.expired and self.ttl_s is not None and seen - node.last_seen > self.ttl_s:
+                self._expire_node(node, closed)
+            if env.epoch > node.epoch:
+                self._close_slots(node, node.slots.values(), REASON_CLEARED, env.ts, offset, -1, closed)
+                node.epoch, node.seq = env.epoch, -1
+                node.suspect, node.reason, node.expired = False, "", False
+                counters["new_epochs"] += 1
+            elif node.expired:
+                node.mark_suspect(f"silent for more than {self.ttl_s} s in epoch {env.epoch}; its entries were dropped at expiry")
+            if env.seq > node.seq + 1:
+                node.counters["gaps"] += 1
+                counters["gaps"] += 1
+                node.mark_suspect(f"gap in epoch {env.epoch}: expected seq {node.seq + 1}, got {env.seq} "
+                                  f"({env.seq - node.seq - 1} envelopes missing)")
+        node.expired = False
+        node.seq = env.seq
+        node.partition = partition
+        node.last_offset = offset
+        if seen > node.last_seen:
+            node.last_seen = seen
+        if env.group_specs is not None:
+            node.group_specs = env.group_specs
+        if env.hash_config is not None:
+            node.hash_config = env.hash_config
+        if env.model is not None:
+            node.model = env.model
+        if env.dp_rank is not None:
+            node.dp_rank = env.dp_rank
+        if env.dropped:
+            node.counters["dropped_events"] += env.dropped
+            counters["dropped_events"] += env.dropped
+            node.mark_suspect(f"producer dropped {env.dropped} events before epoch {env.epoch} seq {env.seq}")
+        if env.lost_batches:
+            node.counters["lost_batches"] += env.lost_batches
+            counters["lost_batches"] += env.lost_batches
+            node.mark_suspect(f"{env.lost_batches} upstream batches lost before epoch {env.epoch} seq {env.seq}")
+        node.counters["envelopes"] += 1
+        counters["envelopes"] += 1
+        if not events:
+            node.counters["heartbeats"] += 1
+            counters["heartbeats"] += 1
+            return APPLIED, closed
+        self._apply_events(node, events, env.ts, partition, offset, closed)
+        return APPLIED, closed
+
+    def _apply_events(self, node: NodeState, events: list[Event], ts: float, partition: int, offset: int,
+                      closed: list[LifetimeRow]) -> None:
+        slots = node.slots
+        all_holders = self.holders
+        stored = removed = unknown = 0
+        for idx, ev in enumerate(events):
+            cls = ev.__class__
+            if cls is AllBlocksCleared:
+                self._close_slots(node, [s for s in slots.values() if s.medium == GPU], REASON_CLEARED, ts, offset, idx, closed)
+                node.counters["clears"] += 1
+                self.counters["clears"] += 1
+                continue
+            group = ev.group_idx or 0
+            medium = ev.medium or GPU
+            slot = slots.get((group, medium))
+            if slot is None:
+                slot = slots[(group, medium)] = Slot(node, group, medium)
+            holders = all_holders.get(group)
+            if holders is None:
+                holders = all_holders[group] = {}
+            blocks, dups = slot.blocks, slot.dups
+            if cls is BlockStored:
+                for h in ev.block_hashes:
+                    if h in blocks:
+                        dups[h] = dups.get(h, 0) + 1
+                        continue
+                    blocks[h] = ts
+                    cur = holders.get(h)
+                    if cur is None:
+                        holders[h] = slot
+                    elif cur.__class__ is Slot:
+                        holders[h] = {cur, slot}
+                    else:
+                        cur.add(slot)
+                stored += len(ev.block_hashes)
+            elif cls is BlockRemoved:
+                for h in ev.block_hashes:
+                    extra = dups.get(h)
+                    if extra is not None:  # another copy still serves hits
+                        if extra > 1:
+                            dups[h] = extra - 1
+                        else:
+                            del dups[h]
+                        removed += 1
+                        continue
+                    stored_ts = blocks.pop(h, None)
+                    if stored_ts is None:  # removal of a block we never saw stored: counted, not an error
+                        unknown += 1
+                        continue
+                    removed += 1
+                    _drop_holder(holders, h, slot)
+                    closed.append(LifetimeRow(node.node_id, node.epoch, group, medium, hash_to_u64(h), stored_ts, ts,
+                                              REASON_EVICTED, partition, offset, idx))
+        c, nc = self.counters, node.counters
+        c["events"] += len(events)
+        nc["events"] += len(events)
+        c["stored"] += stored
+        nc["stored"] += stored
+        c["removed"] += removed
+        nc["removed"] += removed
+        c["unknown_removes"] += unknown
+        nc["unknown_removes"] += unknown
+
+    def _close_slots(self, node: NodeState, slots: Iterable[Slot], reason: str, ts: float, offset: int, idx: int,
+                     closed: list[LifetimeRow]) -> None:
+        """Drop every entry of these slots (all copies), one lifetime per key."""
+        for slot in list(slots):
+            holders = self.holders.get(slot.group, {})
+            for h, stored_ts in slot.blocks.items():
+                _drop_holder(holders, h, slot)
+                closed.append(LifetimeRow(node.node_id, node.epoch, slot.group, slot.medium, hash_to_u64(h), stored_ts, ts,
+                                          reason, node.partition, offset, idx))
+            del node.slots[(slot.group, slot.medium)]
+
+    def _expire_node(self, node: NodeState, closed: list[LifetimeRow]) -> None:
+        # Attributed to the node's last applied message, so the live timer and a replay agree.
+        expired_at = node.last_seen + (self.ttl_s or 0.0)
+        self._close_slots(node, node.slots.values(), REASON_NODE_EXPIRED, expired_at, node.last_offset, -1, closed)
+        node.expired = True
+        self.counters["expired_nodes"] += 1
+
+    def expire(self, now: float, ttl: float | None = None, partition: int | None = None) -> list[LifetimeRow]:
+        """Expire nodes silent since before `now - ttl` (only those of `partition`, if given)."""
+        ttl = self.ttl_s if ttl is None else ttl
+        closed: list[LifetimeRow] = []
+        if ttl is None:
+            return closed
+        for node in self.nodes.values():
+            if not node.expired and now - node.last_seen > ttl and (partition is None or node.partition == partition):
+                self._expire_node(node, closed)
+        return closed
+
+    def drop_partition(self, partition: int) -> int:
+        """Forget the nodes of a partition (revoked, or about to be restored): no lifetimes, since
+        the blocks did not leave the node; another owner (or the restore) takes over."""
+        gone = [n for n in self.nodes.values() if n.partition == partition]
+        for node in gone:
+            for slot in node.slots.values():
+                holders = self.holders.get(slot.group, {})
+                for h in slot.blocks:
+                    _drop_holder(holders, h, slot)
+            del self.nodes[node.node_id]
+        return len(gone)
+
+    def add_slot_entries(self, slot: Slot, blocks: dict[ExternalHash, float], dups: dict[ExternalHash, int]) -> None:
+        """Load entries into a slot (snapshot restore), keeping the inverted view in step."""
+        slot.blocks.update(blocks)
+        slot.dups.update(dups)
+        holders = self.holders.setdefault(slot.group, {})
+        for h in blocks:
+            cur = holders.get(h)
+            if cur is None:
+                holders[h] = slot
+            elif cur.__class__ is Slot:
+                if cur is not slot:
+                    holders[h] = {cur, slot}
+            else:
+                cur.add(slot)
+
+    # -- queries -----------------------------------------------------------------------------------
+
+    def sizes(self) -> dict[str, dict[str, int]]:
+        """`{group: {medium: live keys}}` (expired nodes hold none)."""
+        out: dict[str, dict[str, int]] = {}
+        for node in self.nodes.values():
+            for (group, medium), slot in node.slots.items():
+                per = out.setdefault(str(group), {})
+                per[medium] = per.get(medium, 0) + len(slot.blocks)
+        return out
+
+    def route(self, hashes_by_group: dict[int, list[ExternalHash]], all_groups: bool = False) -> dict:
+        """Nodes holding at least one requested first block, with their longest cached prefix per
+        group and medium, ranked: healthy before suspect, then by the minimum over groups of the
+        best medium's prefix, then GPU (the same minimum using GPU only), then the total.
+
+        `all_groups`: the request gave one hash list for every group (`hashes_by_group` then maps
+        each known group to that list) and each node is scored on its own groups.
+        """
+        prefixes: dict[NodeState, dict[int, dict[str, int]]] = {}
+        for group, hashes in hashes_by_group.items():
+            for slot, n in _prefixes(self.holders.get(group), hashes).items():
+                if not slot.node.expired:
+                    prefixes.setdefault(slot.node, {}).setdefault(group, {})[slot.medium] = n
+        rows = []
+        for node, per_group in prefixes.items():
+            groups = [g for g in node.groups() if g in hashes_by_group] if all_groups else list(hashes_by_group)
+            groups = groups or list(per_group)
+            best = [max(per_group.get(g, {}).values(), default=0) for g in groups]
+            gpu = [per_group.get(g, {}).get(GPU, 0) for g in groups]
+            rows.append({
+                "node_id": node.node_id,
+                "epoch": node.epoch,
+                "model": node.model,
+                "dp_rank": node.dp_rank,
+                "suspect": node.suspect,
+                "suspect_reason": node.reason or None,
+                "score": min(best),
+                "gpu_score": min(gpu),
+                "total": sum(best),
+                "prefix": {str(g): dict(sorted(per_group.get(g, {}).items())) for g in groups},
+            })
+        rows.sort(key=lambda r: (r["suspect"], -r["score"], -r["gpu_score"], -r["total"], r["node_id"]))
+        return {"semantics": SEMANTICS, "groups": sorted(hashes_by_group), "nodes": rows}
+
+    def known_groups(self) -> list[int]:
+        return sorted(g for g, holders in self.holders.items() if holders)
+
+
+def _drop_holder(holders: dict[ExternalHash, Holders], h: ExternalHash, slot: Slot) -> None:
+    cur = holders.get(h)
+    if cur is slot:
+        del holders[h]
+    elif cur is not None and cur.__class__ is not Slot:
+        cur.discard(slot)
+        if len(cur) == 1:
+            holders[h] = next(iter(cur))
+
+
+def _as_set(cur: Holders | None) -> set:
+    if cur is None:
+        return set()
+    return {cur} if cur.__class__ is Slot else set(cur)
+
+
+def _prefixes(holders: dict[ExternalHash, Holders] | None, hashes: list[ExternalHash]) -> dict[Slot, int]:
+    """Longest prefix of `hashes` each slot holds (slots holding the first hash only): each hash is
+    looked up once for all nodes, and the candidate set only shrinks."""
+    if not holders or not hashes:
+        return {}
+    alive = _as_set(holders.get(hashes[0]))
+    out: dict[Slot, int] = {}
+    n = 1
+    for h in hashes[1:]:
+        if not alive:
+            break
+        cur = holders.get(h)
+        if cur is None:
+            still: set = set()
+        elif cur.__class__ is Slot:
+            still = {cur} if cur in alive else set()
+        else:
+            still = alive & cur
+        for slot in alive - still:
+            out[slot] = n
+        alive = still
+        n += 1
+    for slot in alive:
+        out[slot] = n
+    return out

@@ -1,0 +1,177 @@
+"""`kvpipe bench producer`: the Publisher against raw confluent-kafka, same run, same broker.
+
+Both sides send the same steps to one fresh topic with the same producer configuration; the
+baseline produces envelope bytes encoded before its clock starts (the best any wrapper could do),
+the Publisher starts from event structs (it encodes the vLLM batch and the envelope itself). Both
+are timed until every message is delivered. Rounds alternate which side goes first, so a noisy
+neighbour on a shared machine hurts both; the best round of each side is the reported value.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import time
+import uuid
+from typing import Any
+
+import msgspec
+
+from producer.publisher import Publisher, kafka_config
+from producer.sequencer import Sequencer
+from schemas.codec import KAFKA_HEADERS, encode_vllm_batch
+from schemas.events import BlockStored
+from schemas.settings import Settings, load_settings
+
+NODE = "bench-node"
+
+
+def make_steps(num_events: int, batch_min: int, batch_max: int, seed: int = 0) -> list[list[BlockStored]]:
+    """Steps of BlockStored events shaped like vLLM's: mostly one newly full 16-token block per
+    running request (decode), sometimes a prefill's run of blocks, two KV cache groups."""
+    rng = random.Random(seed)
+    steps: list[list[BlockStored]] = []
+    left = num_events
+    while left > 0:
+        size = min(left, rng.randint(batch_min, batch_max))
+        step = []
+        for _ in range(size):
+            blocks = rng.choice((1, 1, 1, 2, 4, 8))
+            group = rng.randint(0, 1)
+            step.append(BlockStored(
+                block_hashes=[rng.getrandbits(63) for _ in range(blocks)],
+                parent_block_hash=rng.getrandbits(63),
+                token_ids=[rng.randrange(150_000) for _ in range(16 * blocks)],
+                block_size=16, lora_id=None, medium="GPU", lora_name=None,
+                extra_keys=[None] * blocks, group_idx=group,
+                kv_cache_spec_kind="full_attention" if group == 0 else "sliding_window",
+                kv_cache_spec_sliding_window=None if group == 0 else 4096,
+            ))
+        steps.append(step)
+        left -= size
+    return steps
+
+
+def _create_topic(bootstrap: str) -> str:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = f"bench-producer-{uuid.uuid4().hex[:12]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # keep a reference until the result
+    admin.create_topics([NewTopic(name, 1, 1)])[name].result(timeout=30)
+    return name
+
+
+def _delete_topic(bootstrap: str, name: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([name])[name].result(timeout=30)
+
+
+def run_raw(settings: Settings, topic: str, messages: list[bytes], num_events: int) -> float:
+    """Baseline: pre-encoded envelopes straight into confluent-kafka; events/s to delivery."""
+    from confluent_kafka import Producer
+
+    producer = Producer(kafka_config(settings, NODE))
+    producer.list_topics(topic, timeout=10)  # connect + metadata outside the clock, as for the Publisher
+    key = NODE.encode()
+    start = time.perf_counter()
+    for i, data in enumerate(messages):
+        while True:
+            try:
+                producer.produce(topic, data, key, headers=KAFKA_HEADERS)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        if i % 32 == 0:
+            producer.poll(0)
+    left = producer.flush(60)
+    elapsed = time.perf_counter() - start
+    if left:
+        raise RuntimeError(f"baseline: {left} messages undelivered after 60 s")
+    return num_events / elapsed
+
+
+def run_publisher(settings: Settings, topic: str, steps: list[list[BlockStored]], num_events: int) -> tuple[float, list[int]]:
+    """The Publisher from event structs; events/s to delivery and per-event publish() cost (ns)."""
+    publisher = Publisher(settings, NODE, topic=topic)
+    publisher._producer.list_topics(topic, timeout=10)  # same warm-up as the baseline
+    costs: list[int] = []
+    clock = time.perf_counter_ns
+    now = time.time()
+    start = time.perf_counter()
+    for step in steps:
+        t0 = clock()
+        ok = publisher.publish(step, now)
+        costs.append((clock() - t0) // len(step))
+        if not ok:
+            raise RuntimeError("the publisher dropped a step: raise producer_queue_batches for this benchmark")
+    left = publisher.flush(60)
+    elapsed = time.perf_counter() - start
+    counters = publisher.counters()
+    publisher.close()
+    if left or counters["failed"]:
+        raise RuntimeError(f"publisher: {left} undelivered, counters {counters}")
+    return num_events / elapsed, costs
+
+
+def _pre_encode(steps: list[list[BlockStored]]) -> list[bytes]:
+    sequencer = Sequencer(NODE, int(time.time() * 1000))
+    encoder = msgspec.msgpack.Encoder()
+    now = time.time()
+    return [
+        encoder.encode(sequencer.stamp(ts=now, sent_ts=now, mono=0.0, dropped_total=0,
+                                       batch=msgspec.Raw(encode_vllm_batch(step, now)), num_events=len(step)))
+        for step in steps
+    ]
+
+
+def _percentile(values: list[int], q: float) -> int:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(argv: list[str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="kvpipe bench producer")
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--batch-min", type=int, default=20)
+    parser.add_argument("--batch-max", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of (baseline, publisher), order alternating")
+    args = parser.parse_args(argv)
+
+    settings = load_settings()
+    steps = make_steps(args.events, args.batch_min, args.batch_max)
+    messages = _pre_encode(steps)
+    topic = _create_topic(settings.bootstrap())
+    raw_rates: list[float] = []
+    pub_rates: list[float] = []
+    costs: list[int] = []
+    try:
+        for r in range(args.rounds):
+            for side in (("raw", "pub") if r % 2 == 0 else ("pub", "raw")):
+                if side == "raw":
+                    raw_rates.append(run_raw(settings, topic, messages, args.events))
+                else:
+                    rate, round_costs = run_publisher(settings, topic, steps, args.events)
+                    pub_rates.append(rate)
+                    costs.extend(round_costs)
+    finally:
+        _delete_topic(settings.bootstrap(), topic)
+    value, baseline = max(pub_rates), max(raw_rates)
+    return {
+        "bench": "producer",
+        "value": round(value),
+        "unit": "events/s",
+        "baseline": round(baseline),
+        "ratio": round(value / baseline, 3),
+        "publish_ns_per_event_p50": _percentile(costs, 0.50),
+        "publish_ns_per_event_p99": _percentile(costs, 0.99),
+        "events": args.events,
+        "steps": len(steps),
+        "mean_events_per_step": round(args.events / len(steps), 1),
+        "mean_envelope_bytes": round(sum(map(len, messages)) / len(messages)),
+        "rounds": args.rounds,
+        "publisher_events_per_s_by_round": [round(x) for x in pub_rates],
+        "raw_events_per_s_by_round": [round(x) for x in raw_rates],
+        "compression": settings.compression,
+        "linger_ms": settings.linger_ms,
+    }
