@@ -67,13 +67,15 @@ def _delete_topic(bootstrap: str, name: str) -> None:
     admin.delete_topics([name])[name].result(timeout=30)
 
 
-def run_raw(settings: Settings, topic: str, messages: list[bytes], num_events: int) -> float:
-    """Baseline: pre-encoded envelopes straight into confluent-kafka; events/s to delivery."""
+def run_raw(settings: Settings, topic: str, messages: list[bytes], num_events: int) -> tuple[float, float]:
+    """Baseline: pre-encoded envelopes straight into confluent-kafka; events/s to delivery and
+    the CPU seconds this process spent (Python and librdkafka threads)."""
     from confluent_kafka import Producer
 
     producer = Producer(kafka_config(settings, NODE))
     producer.list_topics(topic, timeout=10)  # connect + metadata outside the clock, as for the Publisher
     key = NODE.encode()
+    cpu = time.process_time()
     start = time.perf_counter()
     for i, data in enumerate(messages):
         while True:
@@ -86,18 +88,20 @@ def run_raw(settings: Settings, topic: str, messages: list[bytes], num_events: i
             producer.poll(0)
     left = producer.flush(60)
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu
     if left:
         raise RuntimeError(f"baseline: {left} messages undelivered after 60 s")
-    return num_events / elapsed
+    return num_events / elapsed, cpu
 
 
-def run_publisher(settings: Settings, topic: str, steps: list[list[BlockStored]], num_events: int) -> tuple[float, list[int]]:
-    """The Publisher from event structs; events/s to delivery and per-event publish() cost (ns)."""
+def run_publisher(settings: Settings, topic: str, steps: list[list[BlockStored]], num_events: int) -> tuple[float, float, list[int]]:
+    """The Publisher from event structs; events/s to delivery, CPU seconds, per-event publish() cost (ns)."""
     publisher = Publisher(settings, NODE, topic=topic)
     publisher._producer.list_topics(topic, timeout=10)  # same warm-up as the baseline
     costs: list[int] = []
     clock = time.perf_counter_ns
     now = time.time()
+    cpu = time.process_time()
     start = time.perf_counter()
     for step in steps:
         t0 = clock()
@@ -107,11 +111,12 @@ def run_publisher(settings: Settings, topic: str, steps: list[list[BlockStored]]
             raise RuntimeError("the publisher dropped a step: raise producer_queue_batches for this benchmark")
     left = publisher.flush(60)
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu
     counters = publisher.counters()
     publisher.close()
     if left or counters["failed"]:
         raise RuntimeError(f"publisher: {left} undelivered, counters {counters}")
-    return num_events / elapsed, costs
+    return num_events / elapsed, cpu, costs
 
 
 def _pre_encode(steps: list[list[BlockStored]]) -> list[bytes]:
@@ -144,15 +149,20 @@ def run(argv: list[str]) -> dict[str, Any]:
     topic = _create_topic(settings.bootstrap())
     raw_rates: list[float] = []
     pub_rates: list[float] = []
+    raw_cpu: list[float] = []
+    pub_cpu: list[float] = []
     costs: list[int] = []
     try:
         for r in range(args.rounds):
             for side in (("raw", "pub") if r % 2 == 0 else ("pub", "raw")):
                 if side == "raw":
-                    raw_rates.append(run_raw(settings, topic, messages, args.events))
+                    rate, cpu = run_raw(settings, topic, messages, args.events)
+                    raw_rates.append(rate)
+                    raw_cpu.append(cpu)
                 else:
-                    rate, round_costs = run_publisher(settings, topic, steps, args.events)
+                    rate, cpu, round_costs = run_publisher(settings, topic, steps, args.events)
                     pub_rates.append(rate)
+                    pub_cpu.append(cpu)
                     costs.extend(round_costs)
     finally:
         _delete_topic(settings.bootstrap(), topic)
@@ -172,6 +182,9 @@ def run(argv: list[str]) -> dict[str, Any]:
         "rounds": args.rounds,
         "publisher_events_per_s_by_round": [round(x) for x in pub_rates],
         "raw_events_per_s_by_round": [round(x) for x in raw_rates],
+        # CPU seconds of this process per run (the broker's CPU is not included)
+        "publisher_cpu_s_by_round": [round(x, 3) for x in pub_cpu],
+        "raw_cpu_s_by_round": [round(x, 3) for x in raw_cpu],
         "compression": settings.compression,
         "linger_ms": settings.linger_ms,
     }

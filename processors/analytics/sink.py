@@ -189,39 +189,39 @@ class AnalyticsSink:
         while True:
             with self._cond:
                 while True:
-                    stop = self._stop
-                    pending = len(events) + len(lifetimes)
-                    due = pending and (stop or self._flush_wanted > self._done
-                                       or time.monotonic() - oldest >= self.flush_s
-                                       or len(events) >= self.batch_rows or len(lifetimes) >= self.batch_rows)
-                    if self._queue or due or (stop and not pending):
+                    if self._queue and not (events or lifetimes):
+                        oldest = time.monotonic()
+                    while self._queue:
+                        ev, lt = self._queue.popleft()
+                        events.extend(ev)
+                        if lt:
+                            number_copies(lt)
+                            lifetimes.extend(lt)
+                        taken += 1
+                    pending = bool(events or lifetimes)
+                    # everything pending goes out on stop, flush() or age; otherwise full batches only
+                    drain = pending and (self._stop or self._flush_wanted > self._done
+                                         or time.monotonic() - oldest >= self.flush_s)
+                    if drain or len(events) >= self.batch_rows or len(lifetimes) >= self.batch_rows:
                         break
-                    self._cond.wait(self.flush_s if not pending else max(0.0, oldest + self.flush_s - time.monotonic()))
-                if not pending and self._queue:
-                    oldest = time.monotonic()
-                while self._queue:
-                    ev, lt = self._queue.popleft()
-                    events.extend(ev)
-                    if lt:
-                        number_copies(lt)
-                        lifetimes.extend(lt)
-                    taken += 1
-                if stop and not events and not lifetimes:
-                    self._done = taken
-                    self._cond.notify_all()
-                    return
-                if not (stop or self._flush_wanted > self._done or time.monotonic() - oldest >= self.flush_s
-                        or len(events) >= self.batch_rows or len(lifetimes) >= self.batch_rows):
-                    continue
+                    if self._stop:
+                        self._done = taken
+                        self._cond.notify_all()
+                        return
+                    self._cond.wait(oldest + self.flush_s - time.monotonic() if pending else None)
             # Write outside the queue lock so submit() never waits for the engine.
+            written = 0
             for table, rows in ((EVENTS_TABLE, events), (LIFETIMES_TABLE, lifetimes)):
-                for i in range(0, len(rows), self.batch_rows):
-                    self._write(table, rows[i:i + self.batch_rows])
+                end = len(rows) if drain else len(rows) - len(rows) % self.batch_rows
+                for i in range(0, end, self.batch_rows):
+                    self._write(table, rows[i:min(i + self.batch_rows, end)])
+                del rows[:end]
+                written += end
             with self._cond:
-                self._unwritten -= len(events) + len(lifetimes)
-                self._done = taken
+                self._unwritten -= written
+                if not (events or lifetimes):
+                    self._done = taken
                 self._cond.notify_all()
-            events, lifetimes = [], []
 
     def _write(self, table: str, rows: list) -> None:
         try:

@@ -1,0 +1,12 @@
+"""Eviction analytics: KV events and block lifetimes as rows in ClickHouse (chDB or a server).
+
+Owns: the row types and their mapping from envelopes (`rows`), the batching writer thread with
+exactly-once semantics and read-only queries (`sink`), the numbered DDL migrations applied at start
+(`migrations`, files in infra/clickhouse/migrations), the read-only SQL guard (`sqlguard`), the saved
+capacity-planning queries (`saved`, files in infra/clickhouse/queries) and the report with SVG
+plots (`report`, `svg`).
+
+May import: schemas, clickhouse-connect (chDB through its `chdb://` DSN), msgspec and the standard
+library. It reads infra/clickhouse's SQL files by path, never imports infra code. The rest of
+processors/ uses `event_rows`, `LifetimeRow` and `AnalyticsSink`; nothing here imports them back.
+"""

@@ -1,0 +1,204 @@
+"""The live cache index, without Kafka: ordering, reference counts, lifetimes, liveness, routing."""
+from __future__ import annotations
+
+from processors.index import APPLIED, DUPLICATE, STALE, Index
+from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
+from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+
+SPECS = [GroupSpec(group_idx=0, kind="full_attention", block_size=16),
+         GroupSpec(group_idx=1, kind="sliding_window", block_size=16, sliding_window=64)]
+
+
+def env(node: str = "n1", seq: int = 0, epoch: int = 1, ts: float = 100.0, **kw) -> Envelope:
+    return Envelope(v=SCHEMA_MAJOR, node_id=node, epoch=epoch, seq=seq, ts=ts, sent_ts=ts, **kw)
+
+
+def stored(hashes, group=0, medium="GPU") -> BlockStored:
+    return BlockStored(block_hashes=list(hashes), parent_block_hash=None, token_ids=[], block_size=16,
+                       lora_id=None, medium=medium, lora_name=None, group_idx=group)
+
+
+def removed(hashes, group=0, medium="GPU") -> BlockRemoved:
+    return BlockRemoved(block_hashes=list(hashes), medium=medium, group_idx=group)
+
+
+def prefix(index: Index, node: str, hashes, group: int = 0, medium: str = "GPU") -> int:
+    for row in index.route({group: list(hashes)})["nodes"]:
+        if row["node_id"] == node:
+            return row["prefix"][str(group)].get(medium, 0)
+    return 0
+
+
+class Feed:
+    """Applies envelopes of one node with consecutive seqs, like a well-behaved publisher."""
+
+    def __init__(self, index: Index, node: str = "n1", epoch: int = 1) -> None:
+        self.index, self.node, self.epoch, self.seq, self.ts = index, node, epoch, 0, 100.0
+
+    def send(self, *events, **kw):
+        self.ts += 1
+        result = self.index.apply(env(self.node, self.seq, self.epoch, self.ts, **kw), list(events), 0, self.seq)
+        self.seq += 1
+        return result
+
+
+def test_duplicate_stores_are_refcounted_and_removing_one_copy_keeps_the_block_cached():
+    index = Index()
+    feed = Feed(index)
+    feed.send(stored([1, 2, 3]), stored([2]))
+    assert index.nodes["n1"].slots[(0, "GPU")].refcount(2) == 2
+    _, closed = feed.send(removed([2]))
+    assert closed == []
+    assert prefix(index, "n1", [1, 2, 3]) == 3
+    _, closed = feed.send(removed([2]))
+    assert [(r.block_hash, r.reason, r.stored_ts, r.removed_ts) for r in closed] == [(2, "evicted", 101.0, 103.0)]
+    assert prefix(index, "n1", [1, 2, 3]) == 1
+
+
+def test_duplicate_envelope_is_skipped_and_counted():
+    index = Index()
+    index.apply(env(seq=0), [stored([1])])
+    outcome, _ = index.apply(env(seq=0), [stored([1])])
+    assert outcome == DUPLICATE
+    assert index.counters["duplicates"] == 1
+    assert index.nodes["n1"].slots[(0, "GPU")].refcount(1) == 1
+
+
+def test_seq_gap_marks_node_suspect_until_a_new_epoch():
+    index = Index()
+    index.apply(env(seq=0), [stored([1])])
+    index.apply(env(seq=3), [stored([2])])
+    node = index.nodes["n1"]
+    assert node.suspect and "expected seq 1, got 3" in node.reason
+    assert index.counters["gaps"] == 1
+    index.apply(env(seq=4), [])
+    assert node.suspect
+    index.apply(env(seq=0, epoch=2), [stored([7])])
+    assert not node.suspect
+
+
+def test_dropped_and_lost_batches_mark_suspect():
+    index = Index()
+    index.apply(env(node="a", seq=0, dropped=3), [])
+    index.apply(env(node="b", seq=0, lost_batches=1), [])
+    assert index.nodes["a"].suspect and "dropped 3" in index.nodes["a"].reason
+    assert index.nodes["b"].suspect and "upstream batches lost" in index.nodes["b"].reason
+
+
+def test_new_epoch_clears_node_with_lifetimes_and_resets_seq():
+    index = Index()
+    feed = Feed(index)
+    feed.send(stored([1, 2]), stored([5], medium="CPU"))
+    outcome, closed = index.apply(env(seq=0, epoch=2, ts=200.0), [stored([9])], 0, 10)
+    assert outcome == APPLIED
+    assert sorted((r.block_hash, r.medium, r.reason, r.epoch, r.idx) for r in closed) == [
+        (1, "GPU", "cleared", 1, -1), (2, "GPU", "cleared", 1, -1), (5, "CPU", "cleared", 1, -1)]
+    assert prefix(index, "n1", [1]) == 0 and prefix(index, "n1", [9]) == 1
+    assert index.nodes["n1"].seq == 0 and index.nodes["n1"].epoch == 2
+
+
+def test_stale_epoch_is_skipped_and_counted():
+    index = Index()
+    index.apply(env(seq=0, epoch=5), [stored([1])])
+    outcome, _ = index.apply(env(seq=7, epoch=4), [removed([1])])
+    assert outcome == STALE and index.counters["stale"] == 1
+    assert prefix(index, "n1", [1]) == 1
+
+
+def test_all_blocks_cleared_clears_gpu_entries_of_all_groups_but_not_cpu():
+    index = Index()
+    feed = Feed(index)
+    feed.send(stored([1, 2], group=0), stored([1, 2], group=1), stored([1, 2], group=0, medium="CPU"))
+    _, closed = feed.send(AllBlocksCleared())
+    assert sorted((r.group_idx, r.medium) for r in closed) == [(0, "GPU"), (0, "GPU"), (1, "GPU"), (1, "GPU")]
+    assert prefix(index, "n1", [1, 2], group=0, medium="GPU") == 0
+    assert prefix(index, "n1", [1, 2], group=1, medium="GPU") == 0
+    assert prefix(index, "n1", [1, 2], group=0, medium="CPU") == 2
+
+
+def test_group_none_is_group_0_and_medium_none_is_gpu():
+    index = Index()
+    feed = Feed(index)
+    feed.send(BlockStored(block_hashes=[4, 5], parent_block_hash=None, token_ids=[], block_size=16, lora_id=None,
+                          medium=None, lora_name=None))
+    assert prefix(index, "n1", [4, 5], group=0, medium="GPU") == 2
+
+
+def test_remove_of_unknown_key_is_counted_not_an_error():
+    index = Index()
+    Feed(index).send(removed([42]))
+    assert index.counters["unknown_removes"] == 1
+
+
+def test_ttl_expiry_removes_node_from_routing_with_node_expired_lifetimes():
+    index = Index(ttl_s=30)
+    index.apply(env(node="a", seq=0, ts=100.0), [stored([1, 2])], 0, 0)
+    index.apply(env(node="b", seq=0, ts=125.0), [stored([1])], 0, 1)
+    closed = index.expire(now=140.0)
+    assert {(r.node_id, r.reason, r.removed_ts, r.offset) for r in closed} == {("a", "node_expired", 130.0, 0)}
+    assert [r["node_id"] for r in index.route({0: [1, 2]})["nodes"]] == ["b"]
+
+
+def test_node_silent_past_ttl_in_the_log_is_expired_on_replay_like_the_timer_would():
+    live, replay = Index(ttl_s=30), Index(ttl_s=30)
+    first, second = env(seq=0, ts=100.0), env(seq=1, ts=200.0)
+    live.apply(first, [stored([1, 2])], 0, 0)
+    timer_rows = live.expire(now=150.0)
+    _, live_rows = live.apply(second, [stored([3])], 0, 1)
+    replay.apply(first, [stored([1, 2])], 0, 0)
+    _, replay_rows = replay.apply(second, [stored([3])], 0, 1)
+    assert replay_rows == timer_rows + live_rows
+    assert live.route({0: [1, 3]}) == replay.route({0: [1, 3]})
+    assert replay.nodes["n1"].suspect and "dropped at expiry" in replay.nodes["n1"].reason
+
+
+def test_route_ranks_longest_prefix_then_gpu_then_total_and_suspects_last():
+    index = Index()
+    index.apply(env(node="long", seq=0), [stored([1, 2, 3, 4])])
+    index.apply(env(node="cpu", seq=0), [stored([1, 2, 3], medium="CPU")])
+    index.apply(env(node="gpu", seq=0), [stored([1, 2, 3])])
+    index.apply(env(node="sus", seq=5), [stored([1, 2, 3, 4, 5])])
+    index.apply(env(node="other", seq=0), [stored([9, 2])])  # no first block: not returned
+    answer = index.route({0: [1, 2, 3, 4, 5]})
+    assert answer["semantics"] == "prefix-per-group"
+    assert [(r["node_id"], r["score"]) for r in answer["nodes"]] == [("long", 4), ("gpu", 3), ("cpu", 3), ("sus", 5)]
+    assert answer["nodes"][-1]["suspect"] is True
+
+
+def test_route_score_is_min_over_groups_of_best_medium():
+    index = Index()
+    index.apply(env(node="a", seq=0), [stored([1, 2, 3], group=0), stored([1], group=1), stored([11, 12], group=1, medium="CPU")])
+    index.apply(env(node="b", seq=0), [stored([1, 2], group=0), stored([11, 12], group=1)])
+    rows = index.route({0: [1, 2, 3], 1: [11, 12]})["nodes"]
+    assert [(r["node_id"], r["score"], r["prefix"]) for r in rows] == [
+        ("b", 2, {"0": {"GPU": 2}, "1": {"GPU": 2}}),
+        ("a", 2, {"0": {"GPU": 3}, "1": {"CPU": 2}}),
+    ]
+
+
+def test_sliding_window_blocks_evicted_while_full_attention_stays_shrinks_only_the_swa_prefix():
+    index = Index()
+    feed = Feed(index)
+    blocks = list(range(100, 110))
+    feed.send(stored(blocks, group=0), stored(blocks, group=1), group_specs=SPECS)
+    # vLLM frees blocks that left the sliding window early; they get evicted on reuse.
+    feed.send(*[removed([h], group=1) for h in blocks[2:6]])
+    row = index.route({0: blocks, 1: blocks})["nodes"][0]
+    assert row["prefix"] == {"0": {"GPU": 10}, "1": {"GPU": 2}}
+    assert row["score"] == 2
+
+
+def test_one_hash_list_for_all_groups_scores_each_node_on_its_own_groups():
+    index = Index()
+    index.apply(env(node="fa", seq=0, group_specs=SPECS[:1]), [stored([1, 2], group=0)])
+    index.apply(env(node="hy", seq=0, group_specs=SPECS), [stored([1, 2], group=0), stored([1], group=1)])
+    groups = index.known_groups()
+    rows = index.route({g: [1, 2] for g in groups}, all_groups=True)["nodes"]
+    assert [(r["node_id"], r["score"]) for r in rows] == [("fa", 2), ("hy", 1)]
+
+
+def test_bytes_hashes_work_like_ints():
+    index = Index()
+    h1, h2 = bytes(32), b"\x01" * 32
+    Feed(index).send(stored([h1, h2]))
+    assert prefix(index, "n1", [h1, h2]) == 2
