@@ -130,7 +130,11 @@ class BlockMover:
     into (or reads straight from) the host rows — a single pass over the bytes instead of two.
     Bytes are moved as the widest machine word that divides the row width and strides (8-byte
     words index ~3x faster than bytes on CPU). On CUDA every transfer runs on a per-direction side
-    stream that first waits for the compute stream, so transfers of one direction stay FIFO.
+    stream that first waits for the compute stream, so transfers of one direction stay FIFO; the
+    model must not read loaded blocks before `handle.stream_wait()` (or `wait()`), and
+    `CpuTier.complete_store` must not run before `handle.done()`.
+
+    Without a GPU the same calls run synchronously and return a completed handle.
     """
 
     def __init__(self, canonical: CanonicalCaches, host: HostBuffers) -> None:
@@ -142,6 +146,9 @@ class BlockMover:
         self.device = canonical.tensors[0].tensor.device
         self._cuda = self.device.type == "cuda"
         self._streams: dict[str, object] = {}
+        # CPU path only (synchronous, so one buffer can be reused): staging for fragmented host
+        # rows, kept across calls because a fresh multi-MiB allocation per tensor is page faults.
+        self._scratch = torch.empty(0, dtype=torch.uint8)
         if self._cuda:
             self._streams = {"store": torch.cuda.Stream(self.device),
                              "load": torch.cuda.Stream(self.device)}
@@ -218,15 +225,22 @@ class BlockMover:
                 for a, b, r in runs:  # one single-pass gather per adjacent run of host rows
                     torch.index_select(dev, 0, dev_idx[a:b], out=host[r:r + b - a])
                 return
-            staged = dev.index_select(0, dev_idx)
+            staged = torch.index_select(dev, 0, dev_idx, out=self._staging(dev, len(m.dev_rows)))
             host.index_copy_(0, torch.from_numpy(m.host_rows), staged)
         else:
             if len(runs) * MIN_AVG_RUN <= len(m.dev_rows):
                 for a, b, r in runs:  # source is a plain slice of host rows: no staging
                     dev.index_copy_(0, dev_idx[a:b], host[r:r + b - a])
                 return
-            staged = host.index_select(0, torch.from_numpy(m.host_rows))
+            staged = torch.index_select(host, 0, torch.from_numpy(m.host_rows),
+                                        out=self._staging(host, len(m.dev_rows)))
             dev.index_copy_(0, dev_idx, staged)
+
+    def _staging(self, like: torch.Tensor, rows: int) -> torch.Tensor:
+        nbytes = rows * like.shape[1] * like.element_size()
+        if self._scratch.numel() < nbytes:
+            self._scratch = torch.empty(nbytes, dtype=torch.uint8)
+        return self._scratch[:nbytes].view(like.dtype).view(rows, like.shape[1])
 
     def _run_cuda(self, m: _Move, direction: str, handle: TransferHandle) -> None:
         dev, host = self._views(m)
@@ -234,7 +248,9 @@ class BlockMover:
         dev_idx = torch.from_numpy(m.dev_rows).pin_memory().to(self.device, non_blocking=True)
         staging = torch.empty((n, dev.shape[1]), dtype=dev.dtype, device=self.device)
         runs = _runs(m.host_rows)
-        few_runs = len(runs) * MIN_AVG_RUN <= n
+        # per-run async copies need plain slices of host rows; narrowed rows (padded pages) and
+        # fragmented chunk ids go through one pinned staging buffer instead
+        few_runs = len(runs) * MIN_AVG_RUN <= n and host.is_contiguous()
         handle._keepalive += [dev_idx, staging]
         if direction == "store":
             torch.index_select(dev, 0, dev_idx, out=staging)

@@ -67,7 +67,7 @@ def cmd_status(s: Settings, args: argparse.Namespace) -> int:
         pid = LocalKafka(cfg).running_pid()
         print(f"kafka: local broker, state {cfg.kafka_dir}, log {cfg.server_log}")
         if pid is None:
-            print(f"kafka: not running (start it with `kvpipe infra up`)")
+            print("kafka: not running (start it with `kvpipe infra up`)")
             return EXIT_DOWN
         print(f"kafka: pid {pid}, bootstrap {cfg.bootstrap}")
     else:
@@ -77,8 +77,9 @@ def cmd_status(s: Settings, args: argparse.Namespace) -> int:
         return EXIT_DOWN
     topics = list_topics(s.bootstrap(), internal=args.all)
     print(f"topics ({len(topics)}):")
+    width = max((len(n) for n in topics), default=0)
     for name, n in topics.items():
-        print(f"  {name:<40} {n:>4} partitions")
+        print(f"  {name:<{width}}  {n:>4} partition{'s' if n != 1 else ''}")
     return 0
 
 

@@ -3,20 +3,25 @@
 Both sides send the same steps to one fresh topic with the same producer configuration; the
 baseline produces envelope bytes encoded before its clock starts (the best any wrapper could do),
 the Publisher starts from event structs (it encodes the vLLM batch and the envelope itself). Both
-are timed until every message is delivered. Rounds alternate which side goes first, so a noisy
-neighbour on a shared machine hurts both; the best round of each side is the reported value.
+are timed until every message is delivered. A third side, the Publisher fed pre-encoded vLLM
+batches (`publish_raw`), separates the wrapper's cost from the vLLM encode the baseline skips.
+Rounds rotate which side goes first, so a noisy neighbour on a shared machine hurts all sides;
+the best round of each side is the reported value (the least disturbed one), and the median of
+the per-round ratios is reported next to it.
 """
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import time
 import uuid
 from typing import Any
 
 import msgspec
 
-from producer.publisher import Publisher, kafka_config
+from producer.config import kafka_config
+from producer.publisher import Publisher
 from producer.sequencer import Sequencer
 from schemas.codec import KAFKA_HEADERS, encode_vllm_batch
 from schemas.events import BlockStored
@@ -94,8 +99,10 @@ def run_raw(settings: Settings, topic: str, messages: list[bytes], num_events: i
     return num_events / elapsed, cpu
 
 
-def run_publisher(settings: Settings, topic: str, steps: list[list[BlockStored]], num_events: int) -> tuple[float, float, list[int]]:
-    """The Publisher from event structs; events/s to delivery, CPU seconds, per-event publish() cost (ns)."""
+def run_publisher(settings: Settings, topic: str, steps: list[list[BlockStored]], num_events: int,
+                  payloads: list[bytes] | None = None) -> tuple[float, float, list[int]]:
+    """The Publisher from event structs (or, given `payloads`, from pre-encoded vLLM batches via
+    publish_raw); events/s to delivery, CPU seconds, per-event publish cost (ns)."""
     publisher = Publisher(settings, NODE, topic=topic)
     publisher._producer.list_topics(topic, timeout=10)  # same warm-up as the baseline
     costs: list[int] = []
@@ -103,9 +110,12 @@ def run_publisher(settings: Settings, topic: str, steps: list[list[BlockStored]]
     now = time.time()
     cpu = time.process_time()
     start = time.perf_counter()
-    for step in steps:
+    for i, step in enumerate(steps):
         t0 = clock()
-        ok = publisher.publish(step, now)
+        if payloads is None:
+            ok = publisher.publish(step, now)
+        else:
+            ok = publisher.publish_raw(payloads[i], num_events=len(step), ts=now)
         costs.append((clock() - t0) // len(step))
         if not ok:
             raise RuntimeError("the publisher dropped a step: raise producer_queue_batches for this benchmark")
@@ -119,15 +129,17 @@ def run_publisher(settings: Settings, topic: str, steps: list[list[BlockStored]]
     return num_events / elapsed, cpu, costs
 
 
-def _pre_encode(steps: list[list[BlockStored]]) -> list[bytes]:
+def _pre_encode(steps: list[list[BlockStored]], now: float) -> tuple[list[bytes], list[bytes]]:
+    """(vLLM batch payloads, envelopes around them) as the Publisher would produce them."""
     sequencer = Sequencer(NODE, int(time.time() * 1000))
     encoder = msgspec.msgpack.Encoder()
-    now = time.time()
-    return [
+    payloads = [encode_vllm_batch(step, now) for step in steps]
+    envelopes = [
         encoder.encode(sequencer.stamp(ts=now, sent_ts=now, mono=0.0, dropped_total=0,
-                                       batch=msgspec.Raw(encode_vllm_batch(step, now)), num_events=len(step)))
-        for step in steps
+                                       batch=msgspec.Raw(payload), num_events=len(step)))
+        for step, payload in zip(steps, payloads)
     ]
+    return payloads, envelopes
 
 
 def _percentile(values: list[int], q: float) -> int:
@@ -140,39 +152,42 @@ def run(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--batch-min", type=int, default=20)
     parser.add_argument("--batch-max", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of (baseline, publisher), order alternating")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of (baseline, publisher, publish_raw), order rotating")
     args = parser.parse_args(argv)
 
     settings = load_settings()
     steps = make_steps(args.events, args.batch_min, args.batch_max)
-    messages = _pre_encode(steps)
+    payloads, messages = _pre_encode(steps, time.time())
     topic = _create_topic(settings.bootstrap())
-    raw_rates: list[float] = []
-    pub_rates: list[float] = []
-    raw_cpu: list[float] = []
-    pub_cpu: list[float] = []
+    sides = ("raw", "publish", "publish_raw")
+    rates: dict[str, list[float]] = {side: [] for side in sides}
+    cpus: dict[str, list[float]] = {side: [] for side in sides}
     costs: list[int] = []
     try:
         for r in range(args.rounds):
-            for side in (("raw", "pub") if r % 2 == 0 else ("pub", "raw")):
+            for side in sides[r % 3:] + sides[:r % 3]:
                 if side == "raw":
                     rate, cpu = run_raw(settings, topic, messages, args.events)
-                    raw_rates.append(rate)
-                    raw_cpu.append(cpu)
                 else:
-                    rate, cpu, round_costs = run_publisher(settings, topic, steps, args.events)
-                    pub_rates.append(rate)
-                    pub_cpu.append(cpu)
-                    costs.extend(round_costs)
+                    rate, cpu, round_costs = run_publisher(settings, topic, steps, args.events,
+                                                           payloads if side == "publish_raw" else None)
+                    if side == "publish":
+                        costs.extend(round_costs)
+                rates[side].append(rate)
+                cpus[side].append(cpu)
     finally:
         _delete_topic(settings.bootstrap(), topic)
-    value, baseline = max(pub_rates), max(raw_rates)
+    value, baseline = max(rates["publish"]), max(rates["raw"])
     return {
         "bench": "producer",
         "value": round(value),
         "unit": "events/s",
         "baseline": round(baseline),
         "ratio": round(value / baseline, 3),
+        "ratio_median_of_rounds": round(statistics.median(p / r for p, r in zip(rates["publish"], rates["raw"])), 3),
+        # the Publisher without the vLLM encode (publish_raw of pre-encoded batches): wrapper cost only
+        "publish_raw_events_per_s": round(max(rates["publish_raw"])),
+        "publish_raw_ratio": round(max(rates["publish_raw"]) / baseline, 3),
         "publish_ns_per_event_p50": _percentile(costs, 0.50),
         "publish_ns_per_event_p99": _percentile(costs, 0.99),
         "events": args.events,
@@ -180,11 +195,9 @@ def run(argv: list[str]) -> dict[str, Any]:
         "mean_events_per_step": round(args.events / len(steps), 1),
         "mean_envelope_bytes": round(sum(map(len, messages)) / len(messages)),
         "rounds": args.rounds,
-        "publisher_events_per_s_by_round": [round(x) for x in pub_rates],
-        "raw_events_per_s_by_round": [round(x) for x in raw_rates],
-        # CPU seconds of this process per run (the broker's CPU is not included)
-        "publisher_cpu_s_by_round": [round(x, 3) for x in pub_cpu],
-        "raw_cpu_s_by_round": [round(x, 3) for x in raw_cpu],
+        "events_per_s_by_round": {side: [round(x) for x in rates[side]] for side in sides},
+        # CPU seconds of this process per run, librdkafka threads included, the broker's not
+        "cpu_s_by_round": {side: [round(x, 3) for x in cpus[side]] for side in sides},
         "compression": settings.compression,
         "linger_ms": settings.linger_ms,
     }

@@ -17,8 +17,9 @@ from typing import Any
 import msgspec
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from producer.config import describe_envelope, kafka_config
 from producer.sequencer import Sequencer
-from schemas.codec import KAFKA_HEADERS, DecodeError, decode_envelope, encode_vllm_batch
+from schemas.codec import KAFKA_HEADERS, encode_vllm_batch
 from schemas.envelope import Envelope, GroupSpec, HashConfig
 from schemas.events import Event
 from schemas.settings import Settings
@@ -56,24 +57,6 @@ class _NewEpoch(msgspec.Struct, gc=False):
 class _Specs(msgspec.Struct):
     specs: list[GroupSpec]
     hash_config: HashConfig | None
-
-
-def kafka_config(settings: Settings, node_id: str, overrides: dict | None = None) -> dict[str, Any]:
-    """The producer configuration the publisher runs with (the benchmark's baseline uses it too)."""
-    config: dict[str, Any] = {
-        "bootstrap.servers": settings.bootstrap(),
-        "client.id": f"kvpipe-{node_id}",
-        # Idempotence + acks=all: retries after a broker hiccup neither duplicate nor reorder.
-        "enable.idempotence": True,
-        "acks": "all",
-        "compression.type": settings.compression,
-        "linger.ms": settings.linger_ms,
-        # We enforce max_message_bytes on the envelope ourselves (with a useful message); this
-        # only has to leave room for the record batch overhead, as the broker config does.
-        "message.max.bytes": settings.max_message_bytes + 64 * 1024,
-    }
-    config.update(overrides or {})
-    return config
 
 
 class Publisher:
@@ -116,6 +99,9 @@ class Publisher:
         self._encoder = msgspec.msgpack.Encoder()
         config = kafka_config(settings, node_id, producer_config)
         config.setdefault("error_cb", self._on_kafka_error)
+        # Reports for failures only: a success report costs a Python call and a copy of the
+        # message value; `delivered` is derived instead (sent - failed - still in flight).
+        config.setdefault("delivery.report.only.error", True)
         config["on_delivery"] = self._on_delivery
         self._producer = Producer(config)
 
@@ -125,6 +111,7 @@ class Publisher:
         self._idle = False
         self._stopping = False
         self._closed = False
+        self._warned_closed = False
         # producer-thread counters
         self._enqueued = 0  # items (steps and control) appended
         self._queued = 0  # steps accepted
@@ -137,8 +124,8 @@ class Publisher:
         self._lost = 0  # events lost after the queue (encode or produce errors)
         self._bytes = 0
         self._heartbeats = 0
-        self._delivered = 0
-        self._failed = 0
+        self._failed = 0  # delivery reports with an error
+        self._refused = 0  # produce() raised: never reached Kafka's queue
         self._last_send = time.monotonic()
 
         self._thread = threading.Thread(target=self._run, name=f"kvpipe-publisher-{node_id}", daemon=True)
@@ -155,7 +142,10 @@ class Publisher:
         return self._node_id
 
     def publish(self, events: list[Event], ts: float | None = None) -> bool:
-        """Queue one node step; never blocks. False = dropped because the queue is full."""
+        """Queue one node step; never blocks. False = dropped because the queue is full.
+
+        The list is encoded later, on the background thread: hand over a list you no longer mutate.
+        """
         q = self._queue
         if len(q) >= self._cap:
             return self._drop(len(events))
@@ -205,18 +195,20 @@ class Publisher:
         self._control(_Specs(list(specs), hash_config))
 
     def counters(self) -> dict[str, int]:
+        in_flight = len(self._producer)
         return {
             "queued": self._queued,
             "sent": self._sent,
             "sent_events": self._sent_events,
-            "delivered": self._delivered,
-            "failed": self._failed,
+            # exact once flushed; while sending it may lag or lead by the messages in transit
+            "delivered": max(0, self._sent - self._failed - in_flight),
+            "failed": self._failed + self._refused,
             "dropped": self._dropped + self._lost,
             "dropped_batches": self._dropped_batches,
             "bytes": self._bytes,
             "heartbeats": self._heartbeats,
             "queue_depth": len(self._queue),
-            "in_flight": len(self._producer),
+            "in_flight": in_flight,
         }
 
     def flush(self, timeout: float = 10.0) -> int:
@@ -255,8 +247,9 @@ class Publisher:
     # -- internals shared by both threads ------------------------------------------------------
 
     def _drop(self, num_events: int) -> bool:
-        if self._closed and self._dropped_batches == 0:
-            log.warning("node %s: publish after close; the step is dropped", self._node_id)
+        if self._closed and not self._warned_closed:
+            self._warned_closed = True
+            log.warning("node %s: publish after close; the step is dropped (and so are later ones)", self._node_id)
         self._dropped += num_events
         self._dropped_batches += 1
         return False
@@ -348,11 +341,17 @@ class Publisher:
                 break
             except BufferError:
                 # librdkafka's own queue is full: wait for deliveries rather than lose the
-                # envelope; our bounded queue in front absorbs (and drops) the overflow.
+                # envelope; our bounded queue in front absorbs (and drops) the overflow. Only a
+                # close that has given up waiting (broker gone) ends the wait.
+                if self._stopping:
+                    self._seq.unstamp(env)
+                    self._refused += 1
+                    self._lose(env.num_events, "the publisher closed while Kafka's queue was full")
+                    return False
                 self._producer.poll(0.05)
             except KafkaException as exc:
                 self._seq.unstamp(env)
-                self._failed += 1
+                self._refused += 1
                 self._lose(env.num_events, f"Kafka refused it: {exc.args[0]}")
                 return False
         self._sent += 1
@@ -367,23 +366,13 @@ class Publisher:
         log.error("node %s: a step of %d events is lost, %s", self._node_id, num_events, reason)
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        if err is None:
-            self._delivered += 1
+        if err is None:  # only when a caller re-enabled success reports
             return
         self._failed += 1
         if self._failed <= _LOG_FIRST or self._failed % _LOG_EVERY == 0:
             log.error("node %s: envelope %s to %s failed: %s (%d failed so far)",
-                      self._node_id, _describe(msg.value()), msg.topic(), err.str(), self._failed)
+                      self._node_id, describe_envelope(msg.value()), msg.topic(), err.str(), self._failed)
 
     def _on_kafka_error(self, err: KafkaError) -> None:
         level = logging.ERROR if err.fatal() else logging.WARNING
         log.log(level, "node %s: Kafka client error: %s", self._node_id, err.str())
-
-
-def _describe(value: bytes | None) -> str:
-    """`epoch=… seq=…` of a failed envelope (failure path only: decoding costs)."""
-    try:
-        env = decode_envelope(value or b"")
-    except DecodeError:
-        return "(undecodable)"
-    return f"epoch={env.epoch} seq={env.seq} ({env.num_events} events)"

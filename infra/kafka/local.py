@@ -12,6 +12,8 @@ Invariants:
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import shutil
@@ -19,6 +21,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,8 +130,21 @@ class LocalKafka:
         self.cfg.pid_file.unlink(missing_ok=True)
         return None
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Serialise up/down per state dir. Without it, two concurrent `up`s both start a JVM; the
+        loser dies on the taken port and its cleanup would delete the winner's pid file."""
+        self.cfg.kafka_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.cfg.kafka_dir / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
     # -- up ---------------------------------------------------------------------------------
     def up(self, timeout: float = 90.0) -> BrokerStatus:
+        with self._locked():
+            return self._up(timeout)
+
+    def _up(self, timeout: float) -> BrokerStatus:
         pid = self.running_pid()
         if pid is not None:
             self._wait_ready(pid, timeout)
@@ -156,10 +172,11 @@ class LocalKafka:
         tmp.replace(self.cfg.pid_file)  # atomic: `status` never reads a half-written pid
         try:
             self._wait_ready(proc.pid, timeout)
-        except InfraError:
+        except InfraError as e:
+            # Half-started and unusable: stop what we started rather than leave an orphan JVM.
             self._stop(proc.pid, grace=10.0)
             self.cfg.pid_file.unlink(missing_ok=True)
-            raise
+            raise InfraError(f"{e}\n(stopped pid {proc.pid}; fix the cause above, then run `kvpipe infra up` again)") from None
         return BrokerStatus(proc.pid, self.cfg.bootstrap, started=True)
 
     def _format_storage(self, java: str, libs: Path) -> None:
@@ -188,7 +205,7 @@ class LocalKafka:
                 return
             if time.monotonic() > deadline:
                 raise InfraError(f"the Kafka broker (pid {pid}) did not answer on {self.cfg.bootstrap} within "
-                                 f"{timeout:.0f} s; stopped it.\n"
+                                 f"{timeout:.0f} s.\n"
                                  f"--- tail of {self.cfg.server_log}:\n{tail(self.cfg.server_log)}")
             time.sleep(0.25)
 
@@ -214,6 +231,12 @@ class LocalKafka:
         return True
 
     def down(self, purge: bool = False, grace: float = 30.0) -> str:
+        if not self.cfg.kafka_dir.is_dir():
+            return f"no Kafka broker running for {self.cfg.state_dir}"
+        with self._locked():
+            return self._down(purge, grace)
+
+    def _down(self, purge: bool, grace: float) -> str:
         pid = self.running_pid()
         if pid is None:
             msg = f"no Kafka broker running for {self.cfg.state_dir}"

@@ -193,8 +193,7 @@ def number_copies(rows: list[LifetimeRow]) -> None:
     for r in rows:
         key = (r.node_id, r.group_idx, r.medium, r.block_hash, r.partition, r.offset, r.idx)
         n = seen.get(key, 0)
-        if n:
-            r.copy_idx = n
+        r.copy_idx = n
         seen[key] = n + 1
 
 

@@ -52,7 +52,7 @@ from processors.analytics.rows import (
     lifetime_columns,
     number_copies,
 )
-from processors.analytics.sqlguard import check_read_only
+from processors.analytics.sqlguard import check_read_only, first_keyword
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,14 @@ class AnalyticsSink:
         if self._thread is not None:
             return
         self._client = clickhouse_connect.get_client(dsn=self.dsn)
-        with self._client_lock:
-            apply_migrations(self._client)
+        try:
+            with self._client_lock:
+                apply_migrations(self._client)
+        except Exception:
+            self._client.close()  # an open chDB client would keep the path locked for this process
+            self._client = None
+            raise
+        self._stop = False
         self._thread = threading.Thread(target=self._run, name="kvpipe-analytics-writer", daemon=True)
         self._thread.start()
 
@@ -169,15 +175,23 @@ class AnalyticsSink:
     # --- read side ------------------------------------------------------------------------------
 
     def query(self, sql: str, parameters: dict | None = None) -> dict:
-        """Run one read-only statement: `{"columns", "types", "rows"}`. Blocking (see module doc)."""
+        """Run one read-only statement: `{"columns", "types", "rows"}`. Blocking (see module doc).
+
+        Works without start() too (opens the client, no migrations, no writer): a reader's use.
+        """
         statement = check_read_only(sql)
-        if self._client is None:
-            raise RuntimeError("AnalyticsSink.query: the sink is not started")
+        # readonly=1 (not 2): 2 would still allow table functions such as file().
+        settings = {"readonly": 1}
         with self._client_lock:
-            # readonly=1 (not 2): 2 would still allow table functions such as file().
-            result = self._client.query(statement, parameters=parameters, settings={"readonly": 1})
-        return {"columns": list(result.column_names), "types": [t.name for t in result.column_types],
-                "rows": [list(r) for r in result.result_rows]}
+            if self._client is None:  # read-only use without start(): `kvpipe sql` against a server
+                self._client = clickhouse_connect.get_client(dsn=self.dsn)
+            result = self._client.query(statement, parameters=parameters, settings=settings)
+            columns, types = list(result.column_names), [t.name for t in result.column_types]
+            if not columns and first_keyword(statement) in ("SELECT", "WITH"):
+                # chDB sends no header for an empty result; ask for the result's shape instead.
+                shape = self._client.query(f"DESCRIBE TABLE ({statement})", parameters=parameters, settings=settings)
+                columns, types = [r[0] for r in shape.result_rows], [r[1] for r in shape.result_rows]
+        return {"columns": columns, "types": types, "rows": [list(r) for r in result.result_rows]}
 
     # --- writer thread --------------------------------------------------------------------------
 

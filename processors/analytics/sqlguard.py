@@ -56,6 +56,12 @@ def split_statements(sql: str) -> list[str]:
     return [sql[a:b].strip() for a, b in parts if masked[a:b].strip()]
 
 
+def first_keyword(sql: str) -> str:
+    """The statement's first keyword, upper case, skipping comments ("" if none)."""
+    found = _WORD.search(mask(sql))
+    return found.group(0).upper() if found else ""
+
+
 def check_read_only(sql: str) -> str:
     """The single read-only statement in `sql` (trailing `;` removed), or ValueError saying why not."""
     statements = split_statements(sql)
@@ -64,13 +70,11 @@ def check_read_only(sql: str) -> str:
     if len(statements) > 1:
         raise ValueError(f"{len(statements)} statements given; run one read-only statement at a time")
     statement = statements[0]
-    masked = mask(statement)
-    first = _WORD.search(masked)
-    keyword = first.group(0).upper() if first else ""
+    keyword = first_keyword(statement)
     if keyword not in READ_ONLY_KEYWORDS:
         shown = keyword or statement[:40]
         raise ValueError(f"{shown} statements are not allowed: analytics SQL is read-only "
                          f"(allowed: {', '.join(sorted(READ_ONLY_KEYWORDS))})")
-    if _OUTFILE.search(masked):
+    if _OUTFILE.search(mask(statement)):
         raise ValueError("SELECT ... INTO OUTFILE writes a file on the processor's host; not allowed")
     return statement

@@ -217,3 +217,12 @@ def test_down_purge_deletes_the_data(infra: Infra) -> None:
     r = infra.run("up")
     assert r.returncode == 0, r.stderr
     assert "topic kv-events: created" in r.stdout, "a purged broker starts empty"
+
+
+def test_a_broker_that_dies_at_startup_is_reported_with_its_log(tmp_path: Path) -> None:
+    inf = Infra(tmp_path / "state", _free_port(), _free_port())
+    r = inf.run("up", env={"KVPIPE_KAFKA_HEAP": "1k"})  # the JVM refuses a 1 KiB heap
+    assert r.returncode == 1
+    assert "exited during startup" in r.stderr and "console.out" in r.stderr
+    assert "heap" in r.stderr.lower(), "the JVM's own complaint is shown"
+    assert not inf.pid_file.exists()

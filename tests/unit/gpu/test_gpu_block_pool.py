@@ -91,7 +91,7 @@ def test_duplicate_blocks_under_one_key_need_reference_counting() -> None:
     removed = [e.block_hashes[0] for e in m.take_events() if isinstance(e, BlockRemoved)]
     assert h0 in removed
     probe = m.make_request("c", tokens)
-    assert m.get_computed_blocks(probe)[1] == 4  # the other copy still serves the hit
+    assert m.get_computed_blocks(probe)[1] == 8  # the surviving copies still serve the whole hit
 
 
 def test_reset_clears_everything_with_one_event_and_only_when_idle() -> None:

@@ -1,0 +1,156 @@
+"""`kvpipe node`: run one simulated serving node and publish its KV events to Kafka.
+
+    kvpipe node --node-id n1 --steps 500 --groups full:16,sliding_window:16:128,mamba:16 --summary-json
+
+The last stdout line is the summary JSON with `--summary-json`; progress goes to stderr only with
+`--progress`. Kafka settings come from `schemas.settings` (KVPIPE_* environment, kvpipe.toml).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from gpu.node.kv_compute import ModelShape
+from gpu.node.node import CountingSink, Node, NodeConfig
+from gpu.node.workload import SyntheticConfig, SyntheticWorkload, TraceWorkload, Workload
+from gpu.specs import ChunkedLocal, FullAttention, KVSpec, Mamba, SlidingWindow
+
+DEFAULT_GROUPS = "full:16,sliding_window:16:128,mamba:16"
+_KINDS = {"full": "full", "full_attention": "full", "fa": "full",
+          "sliding_window": "swa", "sliding": "swa", "swa": "swa",
+          "mamba": "mamba", "chunked_local": "local", "local": "local"}
+
+
+def parse_groups(text: str) -> tuple[KVSpec, ...]:
+    """`kind:block_size[:window]` items, comma separated, in group order.
+    Kinds: full | sliding_window:BS:WINDOW | mamba | chunked_local:BS:CHUNK."""
+    specs: list[KVSpec] = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        parts = item.split(":")
+        kind = _KINDS.get(parts[0].lower())
+        try:
+            nums = [int(x) for x in parts[1:]]
+        except ValueError:
+            nums = []
+        if kind is None or not nums or len(nums) > 2:
+            raise argparse.ArgumentTypeError(
+                f"bad group {item!r}: expected kind:block_size[:window], kind one of full, sliding_window, "
+                f"mamba, chunked_local (e.g. {DEFAULT_GROUPS})")
+        if kind in ("swa", "local") and len(nums) != 2:
+            raise argparse.ArgumentTypeError(f"bad group {item!r}: {parts[0]} needs block_size and window/chunk")
+        if kind == "full":
+            specs.append(FullAttention(nums[0]))
+        elif kind == "swa":
+            specs.append(SlidingWindow(nums[0], nums[1]))
+        elif kind == "mamba":
+            specs.append(Mamba(nums[0]))
+        else:
+            specs.append(ChunkedLocal(nums[0], nums[1]))
+    if not specs:
+        raise argparse.ArgumentTypeError("--groups needs at least one group")
+    return tuple(specs)
+
+
+def _retention(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("--retention must be none or >= 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvpipe node", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--node-id", default="node-0")
+    run = p.add_mutually_exclusive_group()
+    run.add_argument("--steps", type=int, help="stop after this many steps (default 500)")
+    run.add_argument("--duration", type=float, help="stop after this many seconds")
+    p.add_argument("--rate", type=float, default=0.0, help="steps per second; 0 = as fast as possible")
+    p.add_argument("--seed", type=int, default=0, help="traffic seed (arrivals, users, repeats)")
+    p.add_argument("--prompt-seed", type=int, default=0,
+                   help="seed of the shared system prompts; keep it equal across nodes of one demo")
+    p.add_argument("--groups", type=parse_groups, default=parse_groups(DEFAULT_GROUPS),
+                   help=f"KV cache groups, kind:block_size[:window] (default {DEFAULT_GROUPS})")
+    p.add_argument("--gpu-blocks", type=int, default=512)
+    p.add_argument("--cpu-chunks", type=int, default=1024, help="CPU tier chunks; 0 disables offload")
+    p.add_argument("--blocks-per-chunk", type=int, default=1)
+    p.add_argument("--cpu-policy", choices=["lru", "arc"], default="lru")
+    p.add_argument("--hash", dest="hash_algorithm", choices=["sha256", "sha256_cbor"], default="sha256")
+    p.add_argument("--retention", type=_retention, default=0, help="prefix-cache retention interval: none | 0 | N")
+    p.add_argument("--token-budget", type=int, default=256, help="tokens computed per step")
+    p.add_argument("--max-running", type=int, default=16)
+    p.add_argument("--layers", type=int, default=2, help="layers per group")
+    p.add_argument("--arrivals", type=float, default=0.5, help="new conversations per step (synthetic)")
+    p.add_argument("--system-prompts", type=int, default=6)
+    p.add_argument("--trace", type=Path, help="JSONL trace instead of the synthetic workload")
+    p.add_argument("--no-publish", action="store_true", help="dry run: count events, send nothing")
+    p.add_argument("--topic", help="Kafka topic (default: the events_topic setting)")
+    p.add_argument("--model", default="kvpipe-sim")
+    p.add_argument("--restart-at", type=int, help="simulate a restart before this step (new epoch, empty cache)")
+    p.add_argument("--export-prefixes", type=Path, help="write system prompts and their block hashes as JSON")
+    p.add_argument("--summary-json", action="store_true", help="print the run summary as the last stdout line")
+    p.add_argument("--progress", action="store_true", help="progress lines on stderr")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (the tensors are tiny)")
+    return p
+
+
+def make_workload(args: argparse.Namespace) -> Workload:
+    if args.trace is not None:
+        return TraceWorkload.from_file(args.trace)
+    return SyntheticWorkload(SyntheticConfig(seed=args.seed, prompt_seed=args.prompt_seed,
+                                             num_system_prompts=args.system_prompts,
+                                             arrivals_per_step=args.arrivals))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    config = NodeConfig(node_id=args.node_id, specs=args.groups, gpu_blocks=args.gpu_blocks,
+                        cpu_chunks=args.cpu_chunks, blocks_per_chunk=args.blocks_per_chunk,
+                        cpu_policy=args.cpu_policy, hash_algorithm=args.hash_algorithm,
+                        retention=args.retention, token_budget=args.token_budget,
+                        max_running=args.max_running, shape=ModelShape(layers_per_group=args.layers))
+    publisher = None
+    if args.no_publish:
+        sink = CountingSink()
+        node = Node(config, make_workload(args), sink)
+    else:
+        from producer.publisher import Publisher
+        from schemas.settings import load_settings
+
+        node = Node(config, make_workload(args), CountingSink())
+        publisher = Publisher(load_settings(), args.node_id, model=args.model, group_specs=node.group_specs(),
+                              hash_config=node.hash_config(), topic=args.topic)
+        node.sink = publisher
+    if args.export_prefixes is not None:
+        args.export_prefixes.write_text(json.dumps(node.export_prefixes()))
+
+    def progress(n: Node) -> None:
+        s = n.scheduler.stats
+        print(f"[{n.config.node_id}] step {n.step_no}: running {len(n.scheduler.running)} waiting "
+              f"{len(n.scheduler.waiting)} finished {s.finished} gpu_hit {s.gpu_hit_tokens} cpu_hit "
+              f"{s.cpu_hit_tokens} events {sum(n.events.by_type.values())} usage {n.manager.usage:.2f}",
+              file=sys.stderr, flush=True)
+
+    steps = args.steps if args.steps is not None or args.duration is not None else 500
+    try:
+        elapsed = node.run(steps=steps, duration=args.duration, rate=args.rate, restart_at=args.restart_at,
+                           progress=progress if args.progress else None)
+    finally:
+        if publisher is not None:
+            publisher.close()
+    summary = node.summary(elapsed, publisher)
+    if args.summary_json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print(f"{args.node_id}: {summary['steps']} steps in {elapsed:.2f}s, {summary['requests']['finished']} "
+              f"requests finished, {summary['events']['total']} events", file=sys.stderr)
+    return 0

@@ -1,0 +1,17 @@
+-- title: Block lifetime distribution per group and medium
+-- Seconds from store to removal; quantiles interpolate linearly (numpy's default method).
+-- Lifetimes cut short by a cache reset or a node expiry are censored, so only `reasons` count.
+-- param: reasons String = evicted
+SELECT
+    group_idx,
+    medium,
+    count() AS lifetimes,
+    quantileExactInclusive(0.5)(lifetime_s) AS p50_s,
+    quantileExactInclusive(0.9)(lifetime_s) AS p90_s,
+    quantileExactInclusive(0.99)(lifetime_s) AS p99_s,
+    avg(lifetime_s) AS mean_s,
+    max(lifetime_s) AS max_s
+FROM kv_block_lifetimes_final
+WHERE has(splitByChar(',', {reasons:String}), reason)
+GROUP BY group_idx, medium
+ORDER BY group_idx, medium

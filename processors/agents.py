@@ -1,0 +1,136 @@
+"""The agent and the timers: short loops; the logic is in `ingest`, `index` and `durability`."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from faust.types import TP
+
+from processors.analytics.rows import event_rows, group_kinds_of
+from processors.app import app, settings
+from processors.index import APPLIED
+from processors.ingest import DLQ, dlq_headers
+from processors.state import runtime
+from processors.topics import dlq_topic, events_topic, snapshot_topic
+from schemas.codec import DecodeError
+
+log = logging.getLogger(__name__)
+
+
+@app.agent(events_topic, name="kvpipe-ingest")
+async def ingest(stream) -> None:
+    async for event in stream.events():
+        msg = event.message
+        try:
+            result = runtime.ingest.handle(msg.value, msg.headers, msg.partition, msg.offset, time.time())
+        except Exception as exc:  # a bug, not bad input: keep the message, keep going
+            log.exception("message %s/%s at offset %s broke the ingest path", msg.topic, msg.partition, msg.offset)
+            runtime.agent_errors += 1
+            await send_to_dlq(msg, DecodeError("internal", f"{type(exc).__name__}: {exc}"))
+            continue
+        if result.outcome == DLQ:
+            await send_to_dlq(msg, result.error)
+        elif result.outcome == APPLIED and runtime.sink is not None:
+            submit_rows(result, msg.partition, msg.offset)
+
+
+async def send_to_dlq(msg, error: DecodeError) -> None:
+    # force=True: send now, not when the offset commits (offset commits mean little here).
+    await dlq_topic.send(key=msg.key, value=msg.value, force=True,
+                         headers=dlq_headers(error, msg.topic, msg.partition, msg.offset))
+
+
+def submit_rows(result, partition: int, offset: int) -> None:
+    node = runtime.index.nodes.get(result.env.node_id)
+    kinds = group_kinds_of(result.env) if node is None or not node.group_specs else \
+        {g.group_idx: (g.kind, g.block_size) for g in node.group_specs}
+    rows = event_rows(result.env, result.events, partition, offset, time.time(), kinds)
+    runtime.sink.submit(rows, result.lifetimes)
+
+
+# -- liveness ---------------------------------------------------------------------------------------
+
+
+@app.timer(interval=max(0.5, min(5.0, settings.node_ttl_s / 4)))
+async def expire_silent_nodes() -> None:
+    now = time.time()
+    for p in list(runtime.ingest.applied_offset):
+        closed = runtime.index.expire(partition_now(p, now), settings.node_ttl_s, partition=p)
+        if closed and runtime.sink is not None:
+            runtime.sink.submit([], closed)
+
+
+def partition_now(partition: int, now: float) -> float:
+    """The clock liveness is judged by: the wall clock once the partition is caught up, else the
+    newest node time applied from it. A processor replaying a backlog must not expire nodes whose
+    envelopes are merely queued behind."""
+    tp = TP(settings.events_topic, partition)
+    try:
+        caught_up = runtime.ingest.applied_offset[partition] + 1 >= app.consumer.highwater(tp)
+    except Exception:  # not assigned / no fetch yet
+        caught_up = False
+    return now if caught_up else runtime.ingest.stream_ts.get(partition, 0.0)
+
+
+# -- durability -------------------------------------------------------------------------------------
+
+
+def owned_partitions() -> list[int]:
+    return sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == settings.events_topic)
+
+
+async def flush_side_effects() -> None:
+    await app.producer.flush()  # DLQ messages
+    if runtime.sink is not None:
+        await asyncio.to_thread(runtime.sink.flush)
+
+
+@app.timer(interval=settings.snapshot_every_s)
+async def snapshot_partitions() -> None:
+    await runtime.durability.snapshot(snapshot_topic, owned_partitions(), flush_side_effects)
+
+
+# Faust runs its recovery (which ends in on_rebalance_complete, its seek to the committed offsets
+# and resuming the streams) concurrently with the on_partitions_assigned signal. So the restore
+# starts on assignment, and on_rebalance_complete — which Faust awaits before resuming — makes sure
+# it has finished (restore is idempotent and locked) before positioning the consumer.
+
+
+@app.on_partitions_assigned.connect
+async def restore_assigned(app, assigned, **kwargs) -> None:
+    await runtime.durability.restore(sorted(tp.partition for tp in assigned if tp.topic == settings.events_topic))
+
+
+@app.on_rebalance_complete.connect
+async def seek_restored(app, **kwargs) -> None:
+    await runtime.durability.restore(owned_partitions())
+    await runtime.durability.apply_seeks(app.consumer, TP)
+
+
+@app.on_partitions_revoked.connect
+async def snapshot_revoked(app, revoked, **kwargs) -> None:
+    gone = sorted(tp.partition for tp in revoked if tp.topic == settings.events_topic)
+    if not gone:
+        return
+    try:
+        await runtime.durability.snapshot(snapshot_topic, gone, flush_side_effects)
+    finally:
+        for p in gone:  # another worker owns them now; it restores them from the snapshot
+            runtime.ingest.forget_partition(p)
+            runtime.durability.owned.discard(p)
+
+
+@app.task
+async def start_analytics() -> None:
+    runtime.start_sink()
+
+
+@app.on_before_shutdown.connect
+async def snapshot_on_shutdown(app, **kwargs) -> None:
+    try:
+        await runtime.durability.snapshot(snapshot_topic, sorted(runtime.ingest.applied_offset), flush_side_effects)
+    except Exception:
+        log.exception("snapshot at shutdown failed (the next start replays from the previous one)")
+    if runtime.sink is not None:
+        runtime.sink.close()

@@ -1,0 +1,142 @@
+"""The HTTP API's logic as plain functions: request parsing, SQL gate, stats and metrics rendering.
+
+`views` only moves bytes between aiohttp and these functions, so every rule here is testable
+without a server. Bad input raises `ApiError` (→ a 4xx JSON body `{"error", "detail"}`).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from processors.index import Index
+from schemas.events import ExternalHash
+
+MAX_HASHES = 100_000
+
+
+class ApiError(ValueError):
+    def __init__(self, status: int, error: str, detail: Any = None) -> None:
+        super().__init__(error)
+        self.status, self.error, self.detail = status, error, detail
+
+    def body(self) -> dict:
+        return {"error": self.error, "detail": self.detail}
+
+
+def parse_hash(value: Any, where: str) -> ExternalHash:
+    """A block hash from JSON: an int (vLLM's default external form) or "0x…" hex for bytes hashes."""
+    if isinstance(value, bool):
+        raise ApiError(400, "bad block hash", f"{where}: {value!r} is a boolean; expected an int or a \"0x...\" hex string")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value[:2].lower() == "0x":
+        try:
+            return bytes.fromhex(value[2:])
+        except ValueError:
+            pass
+    raise ApiError(400, "bad block hash", f"{where}: {value!r}; expected an int or a \"0x...\" hex string")
+
+
+def parse_route_request(body: Any, known_groups: list[int]) -> tuple[dict[int, list[ExternalHash]], bool]:
+    """`{"block_hashes": {"<group>": [...]}}` or `{"block_hashes": [...]}` (one list for every
+    group) → `(hashes_by_group, all_groups)`."""
+    if not isinstance(body, dict) or "block_hashes" not in body:
+        raise ApiError(400, "bad route request", 'expected a JSON object {"block_hashes": {"<group_idx>": [hashes]}} '
+                                                 'or {"block_hashes": [hashes]}')
+    raw = body["block_hashes"]
+    if isinstance(raw, list):
+        hashes = _parse_list(raw, "block_hashes")
+        return {g: hashes for g in known_groups}, True
+    if isinstance(raw, dict):
+        out: dict[int, list[ExternalHash]] = {}
+        for key, value in raw.items():
+            try:
+                group = int(key)
+            except (TypeError, ValueError):
+                raise ApiError(400, "bad group index", f"block_hashes key {key!r} is not an integer group index") from None
+            if group < 0:
+                raise ApiError(400, "bad group index", f"group index {group} must be >= 0")
+            if not isinstance(value, list):
+                raise ApiError(400, "bad route request", f"block_hashes[{key!r}] must be a list of hashes")
+            out[group] = _parse_list(value, f"block_hashes[{key!r}]")
+        if not out:
+            raise ApiError(400, "bad route request", "block_hashes names no group")
+        return out, False
+    raise ApiError(400, "bad route request", "block_hashes must be a list or an object of lists")
+
+
+def _parse_list(values: list, where: str) -> list[ExternalHash]:
+    if len(values) > MAX_HASHES:
+        raise ApiError(413, "too many block hashes", f"{where} has {len(values)} hashes; the limit is {MAX_HASHES}")
+    return [parse_hash(v, f"{where}[{i}]") for i, v in enumerate(values)]
+
+
+_READ_ONLY = re.compile(r"^\s*(SELECT|WITH|SHOW|DESCRIBE|DESC|EXPLAIN)\b", re.IGNORECASE)
+
+
+def check_sql(body: Any) -> str:
+    """The statement of a `/sql` request, if it is read-only (a coarse gate: the sink's query
+    function runs it with readonly settings as well)."""
+    sql = body.get("sql") if isinstance(body, dict) else None
+    if not isinstance(sql, str) or not sql.strip():
+        raise ApiError(400, "bad sql request", 'expected a JSON object {"sql": "SELECT ..."}')
+    statement = re.sub(r"(--[^\n]*\n|/\*.*?\*/)", " ", sql, flags=re.DOTALL)
+    if not _READ_ONLY.match(statement):
+        raise ApiError(403, "statement not allowed", "only SELECT, WITH, SHOW, DESCRIBE and EXPLAIN are accepted")
+    if ";" in statement.strip().rstrip(";"):
+        raise ApiError(403, "statement not allowed", "one statement per request")
+    return sql
+
+
+def node_rows(index: Index, now: float) -> list[dict]:
+    rows = []
+    for node in sorted(index.nodes.values(), key=lambda n: n.node_id):
+        rows.append({
+            "node_id": node.node_id,
+            "epoch": node.epoch,
+            "seq": node.seq,
+            "model": node.model,
+            "dp_rank": node.dp_rank,
+            "partition": node.partition,
+            "last_seen": node.last_seen,
+            "silent_s": round(max(0.0, now - node.last_seen), 3),
+            "expired": node.expired,
+            "suspect": node.suspect,
+            "suspect_reason": node.reason or None,
+            "groups": [{"group_idx": g.group_idx, "kind": g.kind, "block_size": g.block_size,
+                        "sliding_window": g.sliding_window} for g in node.group_specs or ()],
+            "blocks": {f"{g}/{m}": len(s.blocks) for (g, m), s in sorted(node.slots.items())},
+            "counters": dict(node.counters),
+        })
+    return rows
+
+
+def render_metrics(stats: dict) -> str:
+    """Prometheus text exposition (version 0.0.4) of `/stats`."""
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float]]) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            lines.append(f"{name}{{{label_text}}} {float(value)!r}" if label_text else f"{name} {float(value)!r}")
+
+    for key, value in stats["counters"].items():
+        metric(f"kvpipe_{key}_total", "counter", f"processor counter {key}", [({}, value)])
+    metric("kvpipe_dlq_messages_total", "counter", "messages sent to the DLQ, by reason",
+           [({"reason": r}, v) for r, v in sorted(stats["dlq_by_reason"].items())])
+    metric("kvpipe_index_blocks", "gauge", "live block keys in the index",
+           [({"group": g, "medium": m}, v) for g, per in sorted(stats["index"].items()) for m, v in sorted(per.items())])
+    nodes = stats["nodes"]
+    metric("kvpipe_nodes", "gauge", "nodes known to this processor, by state",
+           [({"state": s}, nodes[s]) for s in ("healthy", "suspect", "expired")])
+    metric("kvpipe_partition_lag_seconds", "gauge", "processor clock minus the newest node timestamp applied",
+           [({"partition": p}, f["lag_s"]) for p, f in sorted(stats["freshness"].items())])
+    metric("kvpipe_partition_offset", "gauge", "last source offset handled",
+           [({"partition": p}, f["offset"]) for p, f in sorted(stats["freshness"].items())])
+    return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')

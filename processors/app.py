@@ -1,0 +1,30 @@
+"""The Faust app. Settings are read once, here, at import (the CLI puts its flags into the
+`KVPIPE_*` environment first), so every module below sees one configuration.
+
+Reading order: app (this module) → topics → state (the in-memory index: our "tables") → agents →
+views. Importing `processors.views` and `processors.agents` registers everything on `app`.
+"""
+from __future__ import annotations
+
+import faust
+
+from schemas.settings import load_settings
+
+settings = load_settings()
+
+app = faust.App(
+    settings.processor_id,
+    broker=f"kafka://{settings.bootstrap()}",
+    store="memory://",  # the index is not a Faust table (see processors.durability)
+    datadir=str(settings.state_path("processor", settings.processor_id)),
+    web_host=settings.web_host,
+    web_bind=settings.web_host,
+    web_port=settings.web_port,
+    topic_partitions=settings.partitions,
+    topic_disable_leader=True,  # no leader-only timers; saves an internal topic the broker would not auto-create
+    consumer_auto_offset_reset="earliest",
+    producer_max_request_size=max(settings.max_message_bytes, 2 * 1024 * 1024),
+    # One message carries a whole node step; bigger fetches keep the agent fed on 2 cores.
+    broker_max_poll_records=2000,
+    stream_buffer_maxsize=8192,
+)

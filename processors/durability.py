@@ -1,0 +1,240 @@
+"""Snapshots of the index to Kafka, and restore + replay on partition assignment.
+
+Why snapshots: writing a Faust table key per block (or per message) costs ~4x the ingest rate
+(ARCHITECTURE §4), so the index lives in memory and durability is coarse: every
+`snapshot_every_s` (and when a partition is revoked or the worker stops) each owned partition's
+slice is written to the compacted snapshot topic with the source offset it covers (`snapshot`
+has the record layout).
+
+Restore: on assignment of events partition p, the latest complete snapshot of p is loaded and
+the consumer is positioned at its offset + 1; the log after it is replayed through the same agent
+code, so the result equals a rebuild from offset 0 (no lost entries, no ghosts). No snapshot →
+replay from the beginning.
+
+How the position is set (the choice, and why): Faust seeks every assigned partition to the
+consumer group's *committed* offset right after `on_rebalance_complete` (`perform_seek`), which
+would undo an earlier seek, and Faust commits acked offsets on its own, which may be past the
+last snapshot. So at `on_rebalance_complete` we *commit* the snapshot's offset + 1 for each
+partition we restored (and seek there as well): Faust's own seek then lands on it. Faust's later
+commits are harmless: on the next assignment we override them again. A committed offset is
+therefore never trusted for correctness; only the snapshot's offset is. As a second guard the
+agent skips messages at or below the restored offset (`Ingest.handle`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from processors.ingest import Ingest
+from processors.snapshot import (
+    FORMAT,
+    Chunk,
+    Manifest,
+    chunk_key,
+    decode_chunk,
+    decode_manifest,
+    encode_manifest,
+    export_partition,
+    import_chunks,
+    manifest_key,
+    parse_key,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Durability:
+    """Writes and restores snapshots for the partitions this worker owns."""
+
+    def __init__(self, ingest: Ingest, bootstrap: str, events_topic: str, snapshot_topic: str, processor_id: str) -> None:
+        self.ingest = ingest
+        self.bootstrap = bootstrap
+        self.events_topic = events_topic
+        self.snapshot_topic = snapshot_topic
+        self.processor_id = processor_id
+        self.last_gen: dict[int, tuple[int, int]] = {}  # partition → (gen, chunks) of our last snapshot
+        self.pending_seek: dict[int, int] = {}  # partition → offset to start from, set by restore
+        self.owned: set[int] = set()  # partitions restored and not revoked since
+        self.stats: dict[str, Any] = {"snapshots": 0, "snapshot_ms_last": 0.0, "snapshot_bytes_last": 0,
+                                      "restores": [], "restore_errors": 0}
+        self._lock = asyncio.Lock()  # one snapshot/restore at a time: they share `last_gen`
+
+    # -- writing -------------------------------------------------------------------------------------
+
+    async def snapshot(self, topic, partitions: list[int], flush) -> None:
+        """Snapshot these partitions. `flush` (async) makes everything sent so far durable (DLQ
+        messages, analytics rows): it runs after the slices are taken and before the manifests
+        are written, so no snapshot claims an offset whose side effects could still be lost."""
+        async with self._lock:
+            started = time.perf_counter()
+            taken = []
+            for p in partitions:
+                offset = self.ingest.applied_offset.get(p)
+                if offset is None:
+                    continue  # nothing consumed yet: nothing to cover
+                gen = time.time_ns()
+                chunks, nodes, blocks = export_partition(self.ingest.index, p, gen)
+                manifest = Manifest(FORMAT, self.events_topic, p, gen, len(chunks), offset,
+                                    self.ingest.stream_ts.get(p, 0.0), time.time(), self.processor_id, nodes, blocks)
+                taken.append((p, gen, chunks, manifest))
+            if not taken:
+                return
+            await flush()
+            size = 0
+            for p, gen, chunks, manifest in taken:
+                futures = [await topic.send(key=chunk_key(p, gen, i), value=c, partition=p, force=True)
+                           for i, c in enumerate(chunks)]
+                await asyncio.gather(*futures)
+                await (await topic.send(key=manifest_key(p), value=encode_manifest(manifest), partition=p, force=True))
+                size += sum(map(len, chunks))
+                old = self.last_gen.get(p)
+                if old is not None:  # the new generation is complete: let compaction drop the old one
+                    for i in range(old[1]):
+                        await topic.send(key=chunk_key(p, old[0], i), value=None, partition=p, force=True)
+                self.last_gen[p] = (gen, len(chunks))
+            self.stats["snapshots"] += len(taken)
+            self.stats["snapshot_ms_last"] = round((time.perf_counter() - started) * 1000, 1)
+            self.stats["snapshot_bytes_last"] = size
+
+    # -- restoring -----------------------------------------------------------------------------------
+
+    async def restore(self, partitions: list[int]) -> None:
+        """Replace the slices of the partitions not owned yet with their latest snapshots and
+        remember where to resume. Idempotent: called from both rebalance hooks (see agents)."""
+        async with self._lock:
+            todo = [p for p in partitions if p not in self.owned]
+            if not todo:
+                return
+            consumer = await snapshot_reader(self.bootstrap)
+            try:
+                for p in todo:
+                    await self._restore_one(consumer, p)
+            finally:
+                await consumer.stop()
+
+    async def _restore_one(self, consumer, p: int) -> None:
+        started = time.perf_counter()
+        self.ingest.forget_partition(p)
+        try:
+            found = await read_latest(consumer, self.snapshot_topic, p)
+        except Exception as exc:  # a broken snapshot must not stop the worker: rebuild from the log
+            log.exception("restoring partition %s from %s failed (%r); rebuilding from offset 0", p, self.snapshot_topic, exc)
+            self.stats["restore_errors"] += 1
+            found = None
+        if found is not None and found[0].source_topic != self.events_topic:
+            log.warning("snapshot of partition %s covers topic %r, not %r; ignoring it", p, found[0].source_topic, self.events_topic)
+            found = None
+        blocks = 0
+        if found is None:
+            self.pending_seek[p] = 0
+            self.last_gen.pop(p, None)
+        else:
+            manifest, chunks = found
+            blocks = import_chunks(self.ingest.index, p, chunks)
+            if manifest.offset >= 0:
+                self.ingest.applied_offset[p] = manifest.offset
+            self.ingest.stream_ts[p] = manifest.stream_ts
+            self.pending_seek[p] = manifest.offset + 1
+            self.last_gen[p] = (manifest.gen, manifest.chunks)
+        restore = {"partition": p, "offset": self.pending_seek[p] - 1, "blocks": blocks,
+                   "ms": round((time.perf_counter() - started) * 1000, 1), "ts": time.time()}
+        self.stats["restores"] = (self.stats["restores"] + [restore])[-16:]
+        self.owned.add(p)
+        log.info("partition %s restored: %s", p, restore)
+
+    async def apply_seeks(self, consumer, topic_partition) -> None:
+        """Position the consumer at the restored offsets (see the module docstring for why this
+        commits as well as seeks). Called from `on_rebalance_complete`, before Faust's own seek."""
+        pending, self.pending_seek = self.pending_seek, {}
+        if not pending:
+            return
+        assigned = consumer.assignment()
+        offsets = {topic_partition(self.events_topic, p): off for p, off in pending.items()}
+        offsets = {tp: off for tp, off in offsets.items() if tp in assigned}
+        if not offsets:
+            return
+        await consumer._commit(offsets)  # Faust's perform_seek() then seeks to these
+        await consumer.seek_wait(offsets)  # and for offset 0, which perform_seek() leaves alone
+
+
+async def snapshot_reader(bootstrap: str):
+    """A group-less aiokafka consumer for reading snapshot partitions (the caller stops it)."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                                max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=16 * 1024 * 1024)
+    await consumer.start()
+    return consumer
+
+
+async def read_latest(consumer, topic: str, partition: int, timeout_s: float = 30.0) -> tuple[Manifest, list[Chunk]] | None:
+    """The newest complete snapshot of events partition `partition`, or None.
+
+    Reads backwards from the end of the snapshot partition in growing windows, so the cost is the
+    size of the snapshot, not the length of the topic's uncompacted history.
+    """
+    from aiokafka import TopicPartition
+
+    parts = consumer.partitions_for_topic(topic) or await _partitions(consumer, topic)
+    if not parts:
+        raise RuntimeError(f"snapshot topic {topic!r} does not exist")
+    tp = TopicPartition(topic, partition % len(parts))
+    consumer.assign([tp])
+    begin = (await consumer.beginning_offsets([tp]))[tp]
+    end = (await consumer.end_offsets([tp]))[tp]
+    window = 64
+    deadline = time.monotonic() + timeout_s
+    while True:
+        start = max(begin, end - window)
+        records = await _read_range(consumer, tp, start, end, deadline)
+        found = _newest_complete(records, partition)
+        if found is not None or start == begin:
+            return found
+        window *= 4
+
+
+async def _partitions(consumer, topic: str) -> set[int] | None:
+    await consumer._client.force_metadata_update()
+    return consumer.partitions_for_topic(topic)
+
+
+async def _read_range(consumer, tp, start: int, end: int, deadline: float) -> dict[bytes, tuple[int, bytes | None]]:
+    """Latest `(offset, value)` per key among records in [start, end)."""
+    latest: dict[bytes, tuple[int, bytes | None]] = {}
+    if start >= end:
+        return latest
+    consumer.seek(tp, start)
+    while time.monotonic() < deadline:
+        batch = await consumer.getmany(tp, timeout_ms=500)
+        for record in batch.get(tp, []):
+            if record.offset < end and record.key is not None:
+                latest[record.key] = (record.offset, record.value)
+        if await consumer.position(tp) >= end:
+            return latest
+    raise TimeoutError(f"reading snapshot records [{start}, {end}) of {tp} timed out")
+
+
+def _newest_complete(records: dict[bytes, tuple[int, bytes | None]], partition: int) -> tuple[Manifest, list[Chunk]] | None:
+    by_key: dict[tuple[int, int], bytes] = {}
+    manifest_value = None
+    for key, (_, value) in records.items():
+        try:
+            p, gen, idx = parse_key(key)
+        except ValueError:
+            continue
+        if p != partition or value is None:
+            continue
+        if gen is None:
+            manifest_value = value
+        else:
+            by_key[(gen, idx)] = value
+    if manifest_value is None:
+        return None
+    manifest = decode_manifest(manifest_value)
+    try:
+        chunks = [decode_chunk(by_key[(manifest.gen, i)]) for i in range(manifest.chunks)]
+    except KeyError:
+        return None  # some chunks are before the window: the caller widens it
+    return manifest, chunks

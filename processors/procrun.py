@@ -1,0 +1,109 @@
+"""Run `kvpipe processor` as a child process and talk to its HTTP API (tests and the benchmark).
+
+A child process, not an in-process app: that is how users run it, and it is the only way to kill
+it with SIGKILL at an arbitrary moment.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ProcessorProcess:
+    def __init__(self, settings_env: dict[str, str], log_path: Path, args: list[str] | None = None) -> None:
+        """`settings_env`: KVPIPE_* variables for this processor (topics, id, port, state dir)."""
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("KVPIPE_")}
+        self.env.update(settings_env)
+        self.env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+        self.port = int(settings_env["KVPIPE_WEB_PORT"])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.args = args if args is not None else ["--no-analytics"]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60.0) -> "ProcessorProcess":
+        log = open(self.log_path, "ab")
+        # cwd = the log's directory: no kvpipe.toml of the checkout leaks in
+        self.proc = subprocess.Popen([sys.executable, "-m", "kvpipe", "processor", *self.args], env=self.env,
+                                     cwd=self.log_path.parent, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"processor exited with {self.proc.returncode}; log:\n{self.log_tail()}")
+            try:
+                self.get("/stats")  # the web server starts once the partitions are restored
+                return self
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"processor did not answer on {self.url} within {timeout} s; log:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hook runs, no final snapshot."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def get(self, path: str, timeout: float = 10.0) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
+            body = resp.read()
+            return json.loads(body) if resp.headers.get_content_type() == "application/json" else body.decode()
+
+    def post(self, path: str, body: Any, timeout: float = 10.0) -> tuple[int, Any]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method="POST", headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
+    def route(self, block_hashes: Any) -> dict:
+        status, answer = self.post("/route", {"block_hashes": block_hashes})
+        if status != 200:
+            raise AssertionError(f"/route answered {status}: {answer}")
+        return answer
+
+    def wait_offsets(self, end_offsets: dict[int, int], timeout: float = 60.0) -> dict:
+        """Wait until every partition's last handled offset is `end - 1`; returns /stats."""
+        deadline = time.monotonic() + timeout
+        stats: dict = {}
+        while time.monotonic() < deadline:
+            stats = self.get("/stats")
+            fresh = stats["freshness"]
+            if all(end == 0 or fresh.get(str(p), {}).get("offset", -1) >= end - 1 for p, end in end_offsets.items()):
+                return stats
+            time.sleep(0.1)
+        raise TimeoutError(f"processor did not reach offsets {end_offsets}: {stats.get('freshness')}\n{self.log_tail()}")

@@ -1,0 +1,187 @@
+"""Snapshot records of one partition's slice of the index: pure encode/decode, no I/O.
+
+A snapshot of events partition p at source offset X is a *generation* of records:
+- chunks, key `p/<gen>/<i>`, each a msgpack `Chunk` of at most ~`CHUNK_BYTES` (a big node is
+  split across chunks: its header repeats, its slots' entries are divided), so no record hits the
+  broker's message size limit however large the index grows;
+- then one manifest, key `p`, saying how many chunks the generation has and which offset it covers.
+
+The manifest is written last, so a manifest always describes a complete generation; a crash in
+the middle leaves chunks without a manifest, which restore ignores. Chunk keys carry the generation
+so a new snapshot never overwrites (and compaction never deletes) the chunks of the one before it
+until the new manifest is acknowledged; then the old chunks are tombstoned (`durability`).
+"""
+from __future__ import annotations
+
+import msgspec
+
+from processors.index import Index, NodeState, Slot
+from schemas.envelope import GroupSpec, HashConfig
+from schemas.events import ExternalHash
+
+CHUNK_BYTES = 512 * 1024  # below Kafka's default 1 MB message limit, with headroom
+FORMAT = 1
+
+
+class SlotSnap(msgspec.Struct, array_like=True, gc=False):
+    group: int
+    medium: str
+    hashes: list[ExternalHash]
+    stored_ts: list[float]
+    dups: dict[ExternalHash, int] = {}
+
+
+class NodeSnap(msgspec.Struct, array_like=True, gc=False):
+    node_id: str
+    epoch: int
+    seq: int
+    last_seen: float
+    suspect: bool
+    reason: str
+    expired: bool
+    group_specs: list[GroupSpec] | None
+    hash_config: HashConfig | None
+    model: str | None
+    dp_rank: int | None
+    last_offset: int
+    counters: dict[str, int]
+    slots: list[SlotSnap]
+
+
+class Chunk(msgspec.Struct, gc=False):
+    partition: int
+    gen: int
+    idx: int
+    nodes: list[NodeSnap]
+
+
+class Manifest(msgspec.Struct):
+    format: int
+    source_topic: str
+    partition: int
+    gen: int
+    chunks: int
+    offset: int  # last source offset the snapshot covers (-1: none yet)
+    stream_ts: float  # newest node timestamp applied from the partition
+    created_ts: float
+    processor_id: str
+    nodes: int
+    blocks: int
+
+
+_encoder = msgspec.msgpack.Encoder()
+_chunk_decoder = msgspec.msgpack.Decoder(Chunk)
+_manifest_decoder = msgspec.msgpack.Decoder(Manifest)
+
+
+def manifest_key(partition: int) -> bytes:
+    return f"{partition}".encode()
+
+
+def chunk_key(partition: int, gen: int, idx: int) -> bytes:
+    return f"{partition}/{gen}/{idx}".encode()
+
+
+def parse_key(key: bytes) -> tuple[int, int | None, int | None]:
+    """`(partition, gen, idx)`; gen/idx None for a manifest key. ValueError for a foreign key."""
+    parts = key.decode().split("/")
+    if len(parts) == 1:
+        return int(parts[0]), None, None
+    if len(parts) == 3:
+        return int(parts[0]), int(parts[1]), int(parts[2])
+    raise ValueError(f"not a snapshot key: {key!r}")
+
+
+def _node_header(node: NodeState, slots: list[SlotSnap]) -> NodeSnap:
+    return NodeSnap(node.node_id, node.epoch, node.seq, node.last_seen, node.suspect, node.reason, node.expired,
+                    node.group_specs, node.hash_config, node.model, node.dp_rank, node.last_offset, dict(node.counters),
+                    slots)
+
+
+def _hash_bytes(h: ExternalHash) -> int:
+    return 9 if h.__class__ is int else len(h) + 2
+
+
+def export_partition(index: Index, partition: int, gen: int, chunk_bytes: int = CHUNK_BYTES) -> tuple[list[bytes], int, int]:
+    """The partition's nodes as encoded chunks; returns `(chunks, nodes, blocks)`.
+
+    Runs synchronously between two messages of the agent, so the slice is consistent with the
+    partition's applied offset at the moment of the call.
+    """
+    chunks: list[bytes] = []
+    current: list[NodeSnap] = []
+    size = 0
+    nodes = blocks = 0
+
+    def flush() -> None:
+        nonlocal current, size
+        if current:
+            chunks.append(_encoder.encode(Chunk(partition, gen, len(chunks), current)))
+            current, size = [], 0
+
+    for node in index.nodes.values():
+        if node.partition != partition:
+            continue
+        nodes += 1
+        header = _node_header(node, [])
+        current.append(header)
+        size += 256
+        for slot in node.slots.values():
+            hashes = list(slot.blocks)
+            stored = list(slot.blocks.values())
+            blocks += len(hashes)
+            start = 0
+            while True:
+                end, room = start, chunk_bytes - size
+                while end < len(hashes) and room > 0:
+                    room -= _hash_bytes(hashes[end]) + 9
+                    end += 1
+                piece = SlotSnap(slot.group, slot.medium, hashes[start:end], stored[start:end],
+                                 {h: slot.dups[h] for h in hashes[start:end] if h in slot.dups} if slot.dups else {})
+                header.slots.append(piece)
+                size = chunk_bytes - room
+                start = end
+                if start >= len(hashes):
+                    break
+                flush()  # the chunk is full: the rest of this slot goes on in the next chunk
+                header = _node_header(node, [])
+                current.append(header)
+                size = 256
+        if size >= chunk_bytes:
+            flush()
+    flush()
+    return chunks, nodes, blocks
+
+
+def encode_manifest(manifest: Manifest) -> bytes:
+    return _encoder.encode(manifest)
+
+
+def decode_manifest(data: bytes) -> Manifest:
+    return _manifest_decoder.decode(data)
+
+
+def decode_chunk(data: bytes) -> Chunk:
+    return _chunk_decoder.decode(data)
+
+
+def import_chunks(index: Index, partition: int, chunks: list[Chunk]) -> int:
+    """Load a generation's chunks into the index (the partition's old nodes must be dropped
+    first); returns the number of blocks loaded."""
+    loaded = 0
+    for chunk in chunks:
+        for snap in chunk.nodes:
+            node = index.nodes.get(snap.node_id)
+            if node is None or node.partition != partition:
+                node = index.nodes[snap.node_id] = NodeState(snap.node_id, snap.epoch, partition)
+                node.seq, node.last_seen, node.suspect, node.reason = snap.seq, snap.last_seen, snap.suspect, snap.reason
+                node.expired, node.group_specs, node.hash_config = snap.expired, snap.group_specs, snap.hash_config
+                node.model, node.dp_rank, node.last_offset = snap.model, snap.dp_rank, snap.last_offset
+                node.counters.update(snap.counters)
+            for piece in snap.slots:
+                slot = node.slots.get((piece.group, piece.medium))
+                if slot is None:
+                    slot = node.slots[(piece.group, piece.medium)] = Slot(node, piece.group, piece.medium)
+                index.add_slot_entries(slot, dict(zip(piece.hashes, piece.stored_ts)), piece.dups)
+                loaded += len(piece.hashes)
+    return loaded

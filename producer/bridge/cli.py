@@ -1,0 +1,116 @@
+"""`kvpipe bridge`: forward a vLLM node's ZMQ KV events into Kafka (or record them to files).
+
+    kvpipe bridge --zmq tcp://node:5557 --replay tcp://node:5558 --node-id node-a [--dp-ranks 2]
+    kvpipe bridge --zmq tcp://node:5557 --node-id node-a --record captures/
+
+vLLM side: `--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'`.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+
+from producer.bridge.replay import DEFAULT_TIMEOUT_S
+from producer.bridge.runner import Bridge, BridgeConfig
+from producer.bridge.specs import SpecsError, load_specs_file, parse_group_spec
+
+log = logging.getLogger("kvpipe.bridge")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvpipe bridge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--zmq", required=True, metavar="ENDPOINT", help="vLLM's PUB endpoint (rank 0), e.g. tcp://node:5557")
+    p.add_argument("--replay", metavar="ENDPOINT", help="vLLM's replay ROUTER endpoint (rank 0), e.g. tcp://node:5558")
+    p.add_argument("--node-id", required=True, metavar="NAME", help="node name; rank r becomes node '<NAME>/dp<r>'")
+    p.add_argument("--node-id-format", default="{name}/dp{rank}", help="node id per rank (default: %(default)s)")
+    p.add_argument("--dp-ranks", type=int, default=1, metavar="N", help="data-parallel ranks on this node (port + r)")
+    p.add_argument("--dp-rank-start", type=int, default=0, metavar="R", help="first rank (multi-host data parallel)")
+    p.add_argument("--bind", action="store_true", help="bind the SUB endpoint (vLLM connects to us)")
+    p.add_argument("--subscribe", default="", metavar="PREFIX", help="ZMQ topic prefix to subscribe to (default: all)")
+    p.add_argument("--topic", help="Kafka topic (default: settings.events_topic)")
+    p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: settings)")
+    p.add_argument("--model", help="model name carried in the envelopes")
+    p.add_argument("--specs-file", metavar="FILE", help="JSON with group_specs (+ hash_config, model)")
+    p.add_argument("--group-spec", action="append", default=[], metavar="SPEC",
+                   help="IDX:KIND:BLOCK_SIZE[:WINDOW] or a GroupSpec JSON object; repeatable")
+    p.add_argument("--replay-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S")
+    p.add_argument("--metrics-port", type=int, metavar="P", help="serve Prometheus /metrics on this port (0: any)")
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--record", metavar="DIR", help="write raw frames to DIR/rank<r>.kvrec instead of Kafka")
+    p.add_argument("--log-every", type=float, default=10.0, metavar="S", help="counter log line period")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        specs_file = load_specs_file(args.specs_file) if args.specs_file else None
+        declared = list(specs_file.group_specs) if specs_file else []
+        declared += [parse_group_spec(s) for s in args.group_spec]
+    except SpecsError as exc:
+        log.error("%s", exc)
+        return 2
+    if len({g.group_idx for g in declared}) != len(declared):
+        log.error("group specs repeat a group_idx: %s", [g.group_idx for g in declared])
+        return 2
+    hash_config = specs_file.hash_config if specs_file else None
+    model = args.model or (specs_file.model if specs_file else None)
+    config = BridgeConfig(
+        zmq_endpoint=args.zmq, replay_endpoint=args.replay, name=args.node_id, dp_ranks=args.dp_ranks,
+        dp_rank_start=args.dp_rank_start, node_id_format=args.node_id_format, bind=args.bind,
+        topic_filter=args.subscribe.encode(), replay_timeout_s=args.replay_timeout,
+    )
+    if args.record:
+        bridge = Bridge(config, record_dir=args.record)
+    else:
+        bridge = _forwarding_bridge(config, args, declared, hash_config, model)
+    return _serve(bridge, args)
+
+
+def _forwarding_bridge(config: BridgeConfig, args: argparse.Namespace, declared: list, hash_config, model) -> Bridge:
+    # Kafka only when forwarding: `--record` must work on a machine without a broker.
+    from producer.bridge.dlq import KafkaDeadLetters
+    from producer.publisher import Publisher
+    from schemas.settings import load_settings
+
+    settings = load_settings({"kafka_bootstrap": args.bootstrap})
+    config.max_bytes = settings.max_message_bytes
+
+    def publisher_factory(node_id: str, rank: int) -> Publisher:
+        return Publisher(settings, node_id, model=model, dp_rank=rank, group_specs=declared or None,
+                         hash_config=hash_config, topic=args.topic, source="vllm-bridge")
+
+    return Bridge(config, publisher_factory=publisher_factory,
+                  dead_letters=KafkaDeadLetters(settings.bootstrap(), settings.dlq_topic),
+                  declared_specs=declared, hash_config=hash_config)
+
+
+def _serve(bridge: Bridge, args: argparse.Namespace) -> int:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        bridge.start()
+    except RuntimeError as exc:
+        log.error("%s", exc)
+        return 1
+    server = None
+    if args.metrics_port is not None:
+        from producer.bridge.metrics import MetricsServer
+
+        server = MetricsServer(args.metrics_host, args.metrics_port, bridge.metrics_text).start()
+        log.info("metrics on http://%s:%d/metrics", args.metrics_host, server.port)
+    try:
+        while not stop.wait(args.log_every):
+            log.info("bridge: %s", bridge.summary())
+    finally:
+        log.info("stopping: flushing what was read")
+        bridge.stop()
+        if server is not None:
+            server.close()
+        log.info("bridge stopped: %s", bridge.summary())
+    return 0

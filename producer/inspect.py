@@ -1,0 +1,207 @@
+"""`kvpipe inspect FILE|-`: decode whatever KV-event bytes you have to JSON, one object per batch.
+
+Recognised inputs, from the first bytes:
+- a kvpipe ZMQ recording (`producer.bridge.recording`, magic `KVPREC01`; a directory of them too);
+- one or more concatenated msgpack objects, each either a vLLM `KVEventBatch` (an array; map or
+  array event layout) or a kvpipe envelope (a map) — a single payload, a single envelope and a
+  dump of many envelopes are all this case.
+
+Hashes: bytes hashes are always hex; int hashes are JSON ints (`--hashes int`, exact but beyond
+2^53 for many JSON tools) or 16 hex digits (`--hashes hex`: the big-endian 8 bytes, i.e. the tail
+of the digest vLLM took them from). Errors are printed as the classified `DecodeError`; exit 1.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from typing import Any, Iterator
+
+import msgspec
+
+from schemas.codec import (
+    DEFAULT_MAX_BYTES,
+    NOT_MSGPACK,
+    WRONG_SHAPE,
+    DecodeError,
+    decode_envelope,
+    decode_vllm_batch,
+)
+from schemas.envelope import Envelope
+from schemas.events import Event
+
+RECORDING_MAGIC = b"KVPREC01"  # producer.bridge.recording.MAGIC, repeated to detect without importing
+_HASH_FIELDS = ("block_hashes", "parent_block_hash")
+
+# msgpack type byte → (bytes of length prefix, bytes of fixed payload) for the non-fix formats.
+_SIZED = {
+    0xC4: (1, 0), 0xC5: (2, 0), 0xC6: (4, 0),  # bin
+    0xD9: (1, 0), 0xDA: (2, 0), 0xDB: (4, 0),  # str
+    0xC7: (1, 1), 0xC8: (2, 1), 0xC9: (4, 1),  # ext (+1 type byte)
+    0xCA: (0, 4), 0xCB: (0, 8),  # float
+    0xCC: (0, 1), 0xCD: (0, 2), 0xCE: (0, 4), 0xCF: (0, 8),  # uint
+    0xD0: (0, 1), 0xD1: (0, 2), 0xD2: (0, 4), 0xD3: (0, 8),  # int
+    0xD4: (0, 2), 0xD5: (0, 3), 0xD6: (0, 5), 0xD7: (0, 9), 0xD8: (0, 17),  # fixext
+}
+
+
+def msgpack_end(data: bytes, pos: int = 0) -> int:
+    """Offset just past the msgpack object starting at `pos` (to split concatenated objects)."""
+    pending = 1
+    try:
+        while pending:
+            pending -= 1
+            b = data[pos]
+            pos += 1
+            if b <= 0x7F or b >= 0xE0 or b in (0xC0, 0xC2, 0xC3):
+                continue
+            if b <= 0x8F:
+                pending += 2 * (b & 0x0F)
+            elif b <= 0x9F:
+                pending += b & 0x0F
+            elif b <= 0xBF:
+                pos += b & 0x1F
+            elif b in (0xDC, 0xDD, 0xDE, 0xDF):
+                width = 2 if b in (0xDC, 0xDE) else 4
+                count = int.from_bytes(data[pos:pos + width], "big")
+                pos += width
+                pending += count * (2 if b >= 0xDE else 1)
+            elif b in _SIZED:
+                prefix, fixed = _SIZED[b]
+                length = int.from_bytes(data[pos:pos + prefix], "big") if prefix else 0
+                pos += prefix + fixed + length
+            else:
+                raise DecodeError(NOT_MSGPACK, f"byte 0x{b:02x} at offset {pos - 1} is not a msgpack type")
+            if pos > len(data):
+                raise IndexError
+    except IndexError:
+        raise DecodeError(NOT_MSGPACK, f"msgpack object starting at offset {pos} is truncated ({len(data)} bytes in all)") from None
+    return pos
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def _hash(value: Any, hex_ints: bool) -> Any:
+    if isinstance(value, int) and hex_ints:
+        return format(value, "016x")
+    return _jsonable(value)
+
+
+def event_json(event: Event, hex_ints: bool) -> dict[str, Any]:
+    out = msgspec.to_builtins(event, builtin_types=(bytes,))
+    for key in _HASH_FIELDS:
+        if key == "block_hashes" and key in out:
+            out[key] = [_hash(h, hex_ints) for h in out[key]]
+        elif key in out:
+            out[key] = _hash(out[key], hex_ints)
+    return _jsonable(out)
+
+
+def _batch_json(payload: bytes, max_bytes: int, hex_ints: bool, layout: str | None = None) -> dict[str, Any]:
+    batch, layout = decode_vllm_batch(payload, max_bytes, layout)
+    return {"layout": layout, "ts": batch.ts, "data_parallel_rank": batch.data_parallel_rank,
+            "events": [event_json(e, hex_ints) for e in batch.events]}
+
+
+def _envelope_json(data: bytes, max_bytes: int, hex_ints: bool) -> dict[str, Any]:
+    env = decode_envelope(data, max_bytes)
+    meta = {f: getattr(env, f) for f in Envelope.__struct_fields__ if f != "batch"}
+    meta["heartbeat"] = env.is_heartbeat
+    out: dict[str, Any] = {"kind": "envelope", "envelope": msgspec.to_builtins(meta)}
+    if env.is_heartbeat:
+        out.update(layout=None, ts=env.ts, data_parallel_rank=env.dp_rank, events=[])
+    else:
+        out.update(_batch_json(bytes(env.batch), max_bytes, hex_ints, env.layout if env.layout in ("map", "array") else None))
+    return out
+
+
+def decode_stream(data: bytes, max_bytes: int, hex_ints: bool) -> Iterator[dict[str, Any]]:
+    """Concatenated msgpack objects: arrays are vLLM batches, maps are envelopes."""
+    if not data:
+        raise DecodeError(NOT_MSGPACK, "empty input: nothing to decode")
+    pos = 0
+    while pos < len(data):
+        end = msgpack_end(data, pos)
+        chunk, first = data[pos:end], data[pos]
+        if 0x90 <= first <= 0x9F or first in (0xDC, 0xDD):
+            out = {"kind": "vllm_batch"}
+            out.update(_batch_json(chunk, max_bytes, hex_ints))
+        elif 0x80 <= first <= 0x8F or first in (0xDE, 0xDF):
+            out = _envelope_json(chunk, max_bytes, hex_ints)
+        elif pos == 0:
+            raise DecodeError(WRONG_SHAPE, f"not a vLLM batch (msgpack array), kvpipe envelope (msgpack map) or "
+                                           f"ZMQ recording ({RECORDING_MAGIC.decode()}): first byte 0x{first:02x}")
+        else:
+            raise DecodeError(WRONG_SHAPE, f"msgpack object at offset {pos} is neither a vLLM batch (array) "
+                                           f"nor a kvpipe envelope (map): type byte 0x{first:02x}")
+        out["offset"] = pos
+        yield out
+        pos = end
+
+
+def decode_recording(path: str, max_bytes: int, hex_ints: bool) -> Iterator[dict[str, Any]]:
+    try:
+        from producer.bridge.recording import read_recording
+    except ImportError as exc:
+        raise DecodeError(WRONG_SHAPE, f"this looks like a ZMQ recording, but the reader is unavailable ({exc})") from None
+    for topic, seq, payload, ts in read_recording(path):
+        out: dict[str, Any] = {"kind": "zmq", "zmq": {"topic": topic.decode("utf-8", "replace"), "seq": seq, "recv_ts": ts}}
+        out.update(_batch_json(payload, max_bytes, hex_ints))
+        yield out
+
+
+def _is_recording(path: str, head: bytes) -> bool:
+    return head.startswith(RECORDING_MAGIC) or (path != "-" and os.path.isdir(path))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kvpipe inspect", description=__doc__.split("\n")[0])
+    parser.add_argument("file", help="a file (or a directory of ZMQ recordings), or - for stdin")
+    parser.add_argument("--hashes", choices=("int", "hex"), default="int", help="how to print int block hashes")
+    parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="largest message to accept")
+    args = parser.parse_args(argv)
+    hex_ints = args.hashes == "hex"
+    encoder = msgspec.json.Encoder()
+    out = sys.stdout.buffer
+    tmp: str | None = None
+    try:
+        if args.file != "-" and os.path.isdir(args.file):
+            data = b""
+        elif args.file == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(args.file, "rb") as fh:
+                data = fh.read()
+        if _is_recording(args.file, data):
+            path = args.file
+            if path == "-":  # the recording reader takes a path
+                fd, tmp = tempfile.mkstemp(suffix=".kvrec")
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                path = tmp
+            objects = decode_recording(path, args.max_bytes, hex_ints)
+        else:
+            objects = decode_stream(data, args.max_bytes, hex_ints)
+        for obj in objects:
+            out.write(encoder.encode(obj) + b"\n")
+        out.flush()
+    except (DecodeError, ValueError) as exc:  # RecordingError is a ValueError
+        out.flush()
+        print(f"kvpipe inspect: {args.file}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"kvpipe inspect: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    finally:
+        if tmp:
+            os.unlink(tmp)
+    return 0

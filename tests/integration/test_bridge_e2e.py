@@ -1,0 +1,148 @@
+"""vLLM-like node → bridge → real Kafka → real processor (`python -m kvpipe processor`).
+
+One node lives through three phases, and after each the processor's index is read back over
+HTTP and compared with the node's true cache content (`CacheSim.truth`):
+1. live batches dropped on the way but recovered from the replay ring → index == truth, healthy;
+2. a gap older than the ring → `lost_batches` → the node is suspect in `/nodes`;
+3. vLLM restarts → new epoch → the node is clean again and index == the new (fresh) truth.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from producer.bridge.testing_publisher import CacheSim, free_port_range
+from schemas.codec import encode_vllm_batch
+
+from tests.integration.bridge_helpers import GROUPS, Node, running_bridge
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+NODE = "vllm-e2e/dp0"
+
+
+class Processor:
+    def __init__(self, bootstrap: str, topic: str, dlq: str, snapshots: str, state_dir: Path) -> None:
+        self.port = free_port_range(1)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVPIPE_")}
+        env.update(KVPIPE_KAFKA_BOOTSTRAP=bootstrap, KVPIPE_EVENTS_TOPIC=topic, KVPIPE_DLQ_TOPIC=dlq,
+                   KVPIPE_SNAPSHOT_TOPIC=snapshots, KVPIPE_PARTITIONS="1", KVPIPE_STATE_DIR=str(state_dir),
+                   KVPIPE_PROCESSOR_ID=f"proc-{topic}", KVPIPE_WEB_PORT=str(self.port), KVPIPE_NODE_TTL_S="600")
+        self.log = open(state_dir / "processor.log", "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "kvpipe", "processor", "--no-analytics"], cwd=REPO,
+                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.log_path = state_dir / "processor.log"
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def post(self, path: str, body: dict) -> dict:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(body).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def node(self) -> dict | None:
+        try:
+            rows = self.get("/nodes")["nodes"]
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return None
+        return next((r for r in rows if r["node_id"] == NODE), None)
+
+    def wait_for(self, epoch: int, seq: int, timeout: float = 120.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"processor exited: {self.log_path.read_text()[-3000:]}"
+            row = self.node()
+            if row is not None and (row["epoch"], row["seq"]) >= (epoch, seq):
+                return row
+            time.sleep(0.25)
+        raise AssertionError(f"processor never applied {NODE} epoch {epoch} seq {seq}; last: {self.node()}\n"
+                             f"{self.log_path.read_text()[-3000:]}")
+
+    def holds(self, group: int, h: int) -> bool:
+        answer = self.post("/route", {"block_hashes": {str(group): [h]}})
+        return any(r["node_id"] == NODE and r["prefix"][str(group)].get("GPU", 0) == 1 for r in answer["nodes"])
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def step(pub, sim: CacheSim, bridge, settled: int) -> int:
+    """Publish one step and wait until the bridge has dealt with it (forwarded, or counted lost)."""
+    pub.publish_payload(encode_vllm_batch(sim.step(), time.time(), 0))
+    pub.wait_sent()
+    deadline = time.monotonic() + 10
+    c = bridge.counters()[NODE]
+    while c["batches"] + c["lost"] < settled + 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+        c = bridge.counters()[NODE]
+    return settled + 1
+
+
+def assert_index_is_truth(proc: Processor, row: dict, sim: CacheSim, removed: set) -> None:
+    per_group = {g.group_idx: 0 for g in GROUPS}
+    for g, _ in sim.truth:
+        per_group[g] += 1
+    assert row["blocks"] == {f"{g}/GPU": n for g, n in per_group.items() if n}
+    assert all(proc.holds(g, h) for g, h in sorted(sim.truth, key=str))
+    assert not any(proc.holds(g, h) for g, h in sorted(removed, key=str)[:20])
+
+
+def test_index_equals_the_nodes_cache_and_losses_show_as_suspect(kafka_bootstrap, unique_topic, tmp_path):
+    topic, dlq = unique_topic("e2e-events"), unique_topic("e2e-dlq")
+    snapshots = unique_topic("e2e-snap", config={"cleanup.policy": "compact"})
+    proc = Processor(kafka_bootstrap, topic, dlq, snapshots, tmp_path)
+    node = Node(buffer_steps=8)
+    pub = node.ranks[0]
+    try:
+        with running_bridge(kafka_bootstrap, topic, dlq, node, name="vllm-e2e") as bridge:
+            worker_pub = bridge.workers[0].publisher
+            # 1. drops on the live path, all still in the ring
+            sim, ever, n = CacheSim(GROUPS, seed=21), set(), 0
+            pub.drop(3, 7, 8, 15)
+            for _ in range(20):
+                n = step(pub, sim, bridge, n)
+                ever |= sim.truth
+            row = proc.wait_for(worker_pub.epoch, 19)
+            assert not row["suspect"], row
+            assert_index_is_truth(proc, row, sim, ever - sim.truth)
+
+            # 2. a gap the ring (8 batches) cannot cover
+            pub.drop(*range(20, 32))
+            for _ in range(13):
+                n = step(pub, sim, bridge, n)
+            forwarded = bridge.counters()[NODE]["batches"]
+            row = proc.wait_for(worker_pub.epoch, forwarded - 1)
+            assert row["suspect"] and "lost" in row["suspect_reason"], row
+            assert bridge.counters()[NODE]["lost"] == 4
+
+            # 3. vLLM restarts: empty cache, seq from 0
+            pub.restart()
+            sim, ever, n0 = CacheSim(GROUPS, seed=22), set(), n
+            for _ in range(6):
+                n = step(pub, sim, bridge, n)
+                ever |= sim.truth
+            assert bridge.counters()[NODE]["restarts"] == 1
+            row = proc.wait_for(worker_pub.epoch, n - n0 - 1)
+            assert not row["suspect"], row
+            assert_index_is_truth(proc, row, sim, ever - sim.truth)
+    finally:
+        node.close()
+        proc.close()

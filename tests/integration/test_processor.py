@@ -1,0 +1,302 @@
+"""The processor end to end: real broker, `kvpipe processor` as a child process, HTTP API.
+
+One processor serves the whole module (tests run in file order and read as one session): it
+learns the published scenario, then bad input, then is SIGKILLed and restarted, and its index must
+come back equal — and equal to a second processor that rebuilds everything from offset 0.
+"""
+from __future__ import annotations
+
+import random
+import re
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from processors.procrun import ProcessorProcess, free_port
+from producer.publisher import Publisher
+from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from schemas.envelope import HEADER_VERSION, SCHEMA_MAJOR, Envelope, GroupSpec
+from schemas.events import BlockRemoved, BlockStored
+from schemas.settings import load_settings
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 3
+SPECS = [GroupSpec(group_idx=0, kind="full_attention", block_size=16),
+         GroupSpec(group_idx=1, kind="sliding_window", block_size=16, sliding_window=64)]
+
+
+class Session:
+    """Topics, the processor, and what the test itself expects the index to hold."""
+
+    def __init__(self, bootstrap: str, tmp: Path) -> None:
+        tag = uuid.uuid4().hex[:10]
+        self.bootstrap, self.tmp = bootstrap, tmp
+        self.events, self.dlq, self.snapshots = f"proc-ev-{tag}", f"proc-dlq-{tag}", f"proc-snap-{tag}"
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.topics = [self.events, self.dlq, self.snapshots]
+        futures = self.admin.create_topics([
+            NewTopic(self.events, PARTITIONS, 1), NewTopic(self.dlq, 1, 1),
+            NewTopic(self.snapshots, PARTITIONS, 1, config={"cleanup.policy": "compact"})], operation_timeout=30)
+        for f in futures.values():
+            f.result(timeout=30)
+        self.env = {"KVPIPE_KAFKA_BOOTSTRAP": bootstrap, "KVPIPE_EVENTS_TOPIC": self.events,
+                    "KVPIPE_DLQ_TOPIC": self.dlq, "KVPIPE_SNAPSHOT_TOPIC": self.snapshots,
+                    "KVPIPE_PARTITIONS": str(PARTITIONS), "KVPIPE_PROCESSOR_ID": f"kvpipe-test-{tag}",
+                    "KVPIPE_WEB_PORT": str(free_port()), "KVPIPE_STATE_DIR": str(tmp / "state"),
+                    "KVPIPE_SNAPSHOT_EVERY_S": "1", "KVPIPE_NODE_TTL_S": "3600"}
+        self.processor = ProcessorProcess(self.env, tmp / "processor.log").start()
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+        self.held: dict[tuple[str, int, str], Counter] = {}  # (node, group, medium) → hash → copies
+
+    # -- publishing ------------------------------------------------------------------------------
+
+    def publisher(self, node_id: str, epoch: int = 1) -> Publisher:
+        settings = load_settings(overrides={"kafka_bootstrap": self.bootstrap, "events_topic": self.events,
+                                            "heartbeat_s": 3600.0})
+        return Publisher(settings, node_id, group_specs=SPECS, epoch=epoch, model="test-model")
+
+    def raw(self, node: str, seq: int, events: list, epoch: int = 1, headers=KAFKA_HEADERS, **kw) -> None:
+        """One hand-made envelope (for what a well-behaved publisher never sends: gaps, duplicates)."""
+        ts = time.time()
+        env = Envelope(v=SCHEMA_MAJOR, node_id=node, epoch=epoch, seq=seq, ts=ts, sent_ts=ts, num_events=len(events),
+                       batch=msgspec.Raw(encode_vllm_batch(events, ts)) if events else msgspec.Raw(), **kw)
+        self.producer.produce(self.events, key=node.encode(), value=encode_envelope(env), headers=headers)
+
+    def end_offsets(self) -> dict[int, int]:
+        self.producer.flush(30)
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "unused"})
+        try:
+            return {p: consumer.get_watermark_offsets(TopicPartition(self.events, p), timeout=10)[1]
+                    for p in range(PARTITIONS)}
+        finally:
+            consumer.close()
+
+    # -- the test's own model of the index -------------------------------------------------------
+
+    def model_apply(self, node: str, events: list) -> None:
+        for ev in events:
+            held = self.held.setdefault((node, ev.group_idx or 0, ev.medium or "GPU"), Counter())
+            for h in ev.block_hashes:
+                if isinstance(ev, BlockStored):
+                    held[h] += 1
+                elif held[h] > 0:
+                    held[h] -= 1
+
+    def model_clear_node(self, node: str) -> None:
+        for key in [k for k in self.held if k[0] == node]:
+            del self.held[key]
+
+    def expected_route(self, hashes_by_group: dict[int, list[int]]) -> list[tuple[str, dict]]:
+        """(node, {group: {medium: prefix}}) for nodes holding a first block, best first."""
+        rows = []
+        for node in sorted({k[0] for k in self.held}):
+            prefix: dict[str, dict[str, int]] = {}
+            for g, hashes in hashes_by_group.items():
+                for medium in ("CPU", "GPU"):
+                    held = self.held.get((node, g, medium), Counter())
+                    n = 0
+                    while n < len(hashes) and held[hashes[n]] > 0:
+                        n += 1
+                    if n:
+                        prefix.setdefault(str(g), {})[medium] = n
+            if prefix:
+                best = [max(prefix.get(str(g), {}).values(), default=0) for g in hashes_by_group]
+                gpu = [prefix.get(str(g), {}).get("GPU", 0) for g in hashes_by_group]
+                rows.append(((-min(best), -min(gpu), -sum(best), node), node,
+                             {str(g): prefix.get(str(g), {}) for g in hashes_by_group}))
+        return [(node, prefix) for _, node, prefix in sorted(rows)]
+
+    def close(self) -> None:
+        self.processor.stop()
+        for f in self.admin.delete_topics(self.topics, operation_timeout=30).values():
+            try:
+                f.result(timeout=30)
+            except Exception:
+                pass
+
+
+@pytest.fixture(scope="module")
+def session(kafka_bootstrap: str, tmp_path_factory) -> Session:
+    s = Session(kafka_bootstrap, tmp_path_factory.mktemp("processor"))
+    yield s
+    s.close()
+
+
+def stored(hashes, group=0, medium="GPU") -> BlockStored:
+    return BlockStored(block_hashes=list(hashes), parent_block_hash=None, token_ids=[], block_size=16,
+                       lora_id=None, medium=medium, lora_name=None, group_idx=group)
+
+
+def removed(hashes, group=0, medium="GPU") -> BlockRemoved:
+    return BlockRemoved(block_hashes=list(hashes), medium=medium, group_idx=group)
+
+
+def chain(family: int, length: int = 12) -> list[int]:
+    return [family * 1000 + i for i in range(length)]
+
+
+def got_route(answer: dict) -> list[tuple[str, dict]]:
+    return [(row["node_id"], row["prefix"]) for row in answer["nodes"]]
+
+
+PROBES = [chain(f) for f in range(6)] + [chain(f)[:3] for f in range(6)]
+
+
+def test_published_steps_give_the_index_and_routes_the_test_computes(session: Session):
+    rng = random.Random(7)
+    publishers = [session.publisher(f"node-{i}") for i in range(4)]
+    for step in range(60):
+        pub = rng.choice(publishers)
+        fam = rng.randrange(6)
+        n = rng.randrange(1, 13)
+        events = [stored(chain(fam)[:n], group=0), stored(chain(fam)[:n], group=1)]
+        if rng.random() < 0.3:  # the same prefix computed twice: refcount 2
+            events.append(stored(chain(fam)[:n], group=0))
+        if rng.random() < 0.2:
+            events.append(stored(chain(fam)[:rng.randrange(1, 13)], medium="CPU"))
+        if rng.random() < 0.4:  # sliding window: early blocks freed and evicted, FA keeps them
+            events += [removed([h], group=1) for h in chain(fam)[: rng.randrange(1, 6)]]
+        if rng.random() < 0.3:
+            events.append(removed([rng.choice(chain(fam))], group=0))
+        assert pub.publish(events)
+        session.model_apply(pub.node_id, events)
+    for pub in publishers:
+        pub.close()
+    stats = session.processor.wait_offsets(session.end_offsets())
+    assert stats["counters"]["dlq"] == 0
+    for hashes in PROBES:
+        by_group = {0: hashes, 1: hashes}
+        assert got_route(session.processor.route({"0": hashes, "1": hashes})) == session.expected_route(by_group), hashes
+        assert got_route(session.processor.route(hashes)) == session.expected_route(by_group), "one list for all groups"
+    nodes = {n["node_id"]: n for n in session.processor.get("/nodes")["nodes"]}
+    assert set(nodes) == {f"node-{i}" for i in range(4)}
+    assert all(not n["suspect"] and n["model"] == "test-model" and len(n["groups"]) == 2 for n in nodes.values())
+
+
+def test_duplicates_are_skipped_gaps_make_suspects_and_new_epochs_clear(session: Session):
+    before = session.processor.get("/stats")["counters"]
+    session.raw("dup", 0, [stored([1, 2, 3])])
+    session.raw("dup", 1, [removed([3])])
+    session.raw("dup", 1, [removed([3])])  # a replay: must not remove anything twice
+    session.raw("dup", 0, [stored([1, 2, 3])])
+    session.model_apply("dup", [stored([1, 2, 3]), removed([3])])
+    session.raw("gappy", 0, [stored([1])])
+    session.raw("gappy", 5, [stored([2])])
+    session.model_apply("gappy", [stored([1]), stored([2])])
+    session.raw("reborn", 0, [stored([1, 2]), stored([1, 2], medium="CPU")])
+    session.raw("reborn", 0, [stored([1])], epoch=2)
+    session.raw("reborn", 1, [stored([2])], epoch=1)  # stale: the old incarnation is gone
+    session.model_clear_node("reborn")
+    session.model_apply("reborn", [stored([1])])
+    stats = session.processor.wait_offsets(session.end_offsets())
+    counters = stats["counters"]
+    assert counters["duplicates"] - before["duplicates"] == 2
+    assert counters["gaps"] - before["gaps"] == 1
+    assert counters["stale"] - before["stale"] == 1
+    nodes = {n["node_id"]: n for n in session.processor.get("/nodes")["nodes"]}
+    assert nodes["gappy"]["suspect"] and "expected seq 1, got 5" in nodes["gappy"]["suspect_reason"]
+    assert not nodes["dup"]["suspect"] and nodes["reborn"]["epoch"] == 2 and not nodes["reborn"]["suspect"]
+    answer = session.processor.route({"0": [1, 2, 3]})
+    assert got_route(answer) == [(n, p) for n, p in session.expected_route({0: [1, 2, 3]})
+                                 if n != "gappy"] + [("gappy", {"0": {"GPU": 2}})]
+    assert answer["nodes"][-1]["suspect"] and answer["semantics"] == "prefix-per-group"
+
+
+def test_bad_input_goes_to_the_dlq_with_reasons_and_good_events_keep_flowing(session: Session):
+    good = encode_envelope(Envelope(v=SCHEMA_MAJOR, node_id="dlq-node", epoch=1, seq=0, ts=time.time(),
+                                    batch=msgspec.Raw(encode_vllm_batch([stored([77])], time.time()))))
+    bad = [(b"garbage", b"\xc1 not msgpack at all", KAFKA_HEADERS, "not_msgpack"),
+           (b"dlq-node", good[: len(good) // 2], KAFKA_HEADERS, "not_msgpack"),
+           (b"dlq-node", good, [(HEADER_VERSION, b"9")], "unknown_version")]
+    for key, value, headers, _ in bad:
+        session.producer.produce(session.events, key=key, value=value, headers=headers)
+    session.raw("dlq-node", 0, [stored([77])])
+    session.model_apply("dlq-node", [stored([77])])
+    stats = session.processor.wait_offsets(session.end_offsets())
+    assert stats["dlq_by_reason"] == {"not_msgpack": 2, "unknown_version": 1}
+    assert got_route(session.processor.route({"0": [77]})) == [("dlq-node", {"0": {"GPU": 1}})]
+
+    consumer = Consumer({"bootstrap.servers": session.bootstrap, "group.id": f"dlq-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([session.dlq])
+    seen = []
+    deadline = time.monotonic() + 30
+    while len(seen) < len(bad) and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and not msg.error():
+            seen.append((msg.value(), dict(msg.headers())))
+    consumer.close()
+    assert [value for value, _ in seen] == [value for _, value, _, _ in bad]
+    for (_, headers), (_, _, _, kind) in zip(seen, bad):
+        assert headers["kvpipe-dlq-reason"].decode().startswith(kind + ":")
+        assert headers["kvpipe-source-topic"].decode() == session.events
+        assert int(headers["kvpipe-source-offset"]) >= 0 and "kvpipe-source-partition" in headers
+
+
+def test_http_errors_are_4xx_json_and_metrics_parse(session: Session):
+    proc = session.processor
+    for body in (b"{not json", {"hashes": [1]}, {"block_hashes": {"x": [1]}}, {"block_hashes": ["zz"]},
+                 {"block_hashes": {"0": "notalist"}}):
+        status, answer = proc.post("/route", body)
+        assert 400 <= status < 500 and answer["error"], (body, status, answer)
+    status, answer = proc.post("/sql", {"sql": "DROP TABLE kv_events"})
+    assert status == 403 and answer["error"] == "statement not allowed"
+    text = proc.get("/metrics")
+    sample = re.compile(r'^kvpipe_[a-z_]+(\{([a-z_]+="[^"]*",?)*\})? -?[0-9.e+-]+$')
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert lines and all(sample.match(line) for line in lines), [line for line in lines if not sample.match(line)]
+    assert any(line.startswith("kvpipe_index_blocks{") for line in lines)
+
+
+def _state(proc: ProcessorProcess) -> dict:
+    nodes = proc.get("/nodes")["nodes"]
+    for n in nodes:
+        n.pop("silent_s")
+    probes = [proc.route({"0": h, "1": h}) for h in PROBES + [[1, 2, 3], [77]]]
+    return {"nodes": nodes, "routes": probes, "index": proc.get("/stats")["index"]}
+
+
+def test_sigkill_and_restart_restores_the_same_index_as_a_rebuild_from_the_log(session: Session):
+    proc = session.processor
+    before_kill_stats = proc.wait_offsets(session.end_offsets())
+    deadline = time.monotonic() + 20  # let a snapshot cover what has been applied so far
+    while proc.get("/stats")["durability"]["snapshots"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert proc.get("/stats")["durability"]["snapshots"] > 0
+    # More events after the snapshot: the restart has to replay these on top of it.
+    pub = session.publisher("late-node")
+    pub.publish([stored(chain(3)), stored(chain(3), group=1)])
+    session.model_apply("late-node", [stored(chain(3)), stored(chain(3), group=1)])
+    session.raw("dup", 2, [removed([1])])
+    session.model_apply("dup", [removed([1])])
+    pub.close()
+    end = session.end_offsets()
+    proc.wait_offsets(end)
+    expected = _state(proc)
+    assert before_kill_stats["counters"]["offset_holes"] == 0
+
+    proc.kill()
+    proc.start()
+    stats = proc.wait_offsets(end)
+    assert _state(proc) == expected
+    assert stats["counters"]["offset_holes"] == 0
+    restores = stats["durability"]["restores"]
+    assert {r["partition"] for r in restores} == set(range(PARTITIONS))
+    assert any(r["blocks"] > 0 for r in restores), restores
+    assert stats["counters"]["messages"] < sum(end.values()), "restart replayed more than the tail after the snapshot"
+
+    rebuild = ProcessorProcess({**session.env, "KVPIPE_PROCESSOR_ID": f"rebuild-{uuid.uuid4().hex[:8]}",
+                                "KVPIPE_SNAPSHOT_TOPIC": session.dlq,  # no snapshots there: rebuild from 0
+                                "KVPIPE_WEB_PORT": str(free_port())}, session.tmp / "rebuild.log").start()
+    try:
+        rebuild.wait_offsets(end)
+        assert _state(rebuild) == expected
+    finally:
+        rebuild.kill()

@@ -1,0 +1,111 @@
+"""The event stream is the cache: replaying a node's published batches into per-(group, medium)
+ref-counted hash sets and running the router's pure hit function over them gives, at every step
+boundary, exactly the hit the node's own coordinator computes — and the CPU tier's contents."""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import pytest
+
+from gpu.hashing import external_hash, hash_request_blocks
+from gpu.hit import longest_hybrid_hit
+from gpu.node.kv_compute import ModelShape
+from gpu.node.node import CaptureSink, Node, NodeConfig
+from gpu.node.offload_driver import OffloadGroup
+from gpu.node.workload import SyntheticConfig, SyntheticWorkload
+from gpu.offload_lookup import chunk_keys
+from gpu.cpu_tier import LookupResult, offload_key_group, offload_key_hash
+from gpu.specs import FullAttention, Mamba, SlidingWindow
+from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+
+SMALL = ModelShape(layers_per_group=1, num_kv_heads=1, head_size=8)
+
+
+class Replay:
+    """A consumer's model of one node: ref counts of external hashes per (group, medium)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[int, str], Counter] = defaultdict(Counter)
+        self.epoch = None
+
+    def apply(self, epoch: int, events: list) -> None:
+        if epoch != self.epoch:  # a new epoch: the old cache is gone
+            self.counts.clear()
+            self.epoch = epoch
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                for h in ev.block_hashes:
+                    self.counts[(ev.group_idx, ev.medium)][h] += 1
+            elif isinstance(ev, BlockRemoved):
+                c = self.counts[(ev.group_idx, ev.medium)]
+                for h in ev.block_hashes:
+                    assert c[h] > 0, f"BlockRemoved for {h} (group {ev.group_idx}, {ev.medium}) never stored"
+                    c[h] -= 1
+                    if not c[h]:
+                        del c[h]
+            elif isinstance(ev, AllBlocksCleared):
+                for (g, medium) in list(self.counts):
+                    if medium == "GPU":
+                        del self.counts[(g, medium)]
+
+    def has(self, group: int, medium: str, digest: bytes) -> bool:
+        return self.counts[(group, medium)].get(external_hash(digest), 0) > 0
+
+
+def run_and_check(specs, *, gpu_blocks: int, steps: int, retention, restart_at=None, cpu_chunks=64):
+    sink = CaptureSink()
+    workload = SyntheticWorkload(SyntheticConfig(seed=3, num_system_prompts=4, system_prompt_tokens=(48, 160),
+                                                 arrivals_per_step=0.6, max_prompt_tokens=512))
+    node = Node(NodeConfig(specs=tuple(specs), gpu_blocks=gpu_blocks, cpu_chunks=cpu_chunks,
+                           retention=retention, token_budget=128, max_running=8, shape=SMALL), workload, sink)
+    replay = Replay()
+    hbs = node.manager.hash_block_size
+    prompts: list[list[bytes]] = [hash_request_blocks(node.hasher, p, hbs) for p in workload.system_prompts]
+    checked = nonzero = cpu_checked = 0
+    applied = 0
+    for step in range(steps):
+        if step == restart_at:
+            node.restart()
+            replay.apply(sink.epoch, [])  # on Kafka the new epoch's first envelope (or heartbeat) says so
+        result = node.step()
+        for st in result.chunks:  # the node's real requests join the sample
+            if st.state.req.num_tokens > 1 and len(prompts) < 400:
+                prompts.append(list(st.state.req.block_hashes))
+        for epoch, events in sink.captured[applied:]:
+            replay.apply(epoch, events)
+        applied = len(sink.captured)
+        for hashes in prompts[-12:] + prompts[:4]:
+            max_len = len(hashes) * hbs - 1
+            _, node_hit, _ = node.manager.coordinator.find_longest_cache_hit(hashes, max_len)
+            replayed = longest_hybrid_hit(node.manager.specs, hashes, hbs,
+                                          lambda g, h: replay.has(g, "GPU", h), max_len).length
+            assert node_hit == replayed, f"step {step}: node hit {node_hit} != replayed hit {replayed}"
+            checked += 1
+            nonzero += node_hit > 0
+            if node.offload is not None:
+                for g, spec in enumerate(node.manager.specs):
+                    group = OffloadGroup.from_spec(g, spec, 1, hbs)
+                    for key in chunk_keys(hashes, group):
+                        in_tier = node.offload.tier.lookup(key) is LookupResult.HIT
+                        assert in_tier == replay.has(offload_key_group(key), "CPU", offload_key_hash(key)), \
+                            f"step {step}: CPU tier and replayed CPU events disagree on a group-{g} chunk"
+                        cpu_checked += 1
+    return node, checked, nonzero, cpu_checked
+
+
+@pytest.mark.parametrize("retention", [0, None])
+def test_replayed_events_give_the_nodes_own_hit_for_hybrid_fa_swa_mamba(retention) -> None:
+    node, checked, nonzero, cpu_checked = run_and_check(
+        [FullAttention(16), SlidingWindow(16, 64), Mamba(16)], gpu_blocks=96, steps=150, retention=retention)
+    s = node.summary(1.0)
+    assert s["events"]["by_type"].get("BlockRemoved", 0) > 0, "pool too large: nothing was evicted"
+    assert s["tokens"]["gpu_hit_tokens"] > 0
+    assert checked > 1000 and nonzero > 100 and cpu_checked > 1000
+
+
+def test_replay_survives_a_restart_and_mixed_block_sizes() -> None:
+    node, checked, nonzero, _ = run_and_check(
+        [FullAttention(32), SlidingWindow(16, 48)], gpu_blocks=80, steps=120, retention=0, restart_at=60,
+        cpu_chunks=0)
+    assert node.epochs == 2
+    assert checked > 500 and nonzero > 50
