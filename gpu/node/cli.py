@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-budget", type=int, default=256, help="tokens computed per step")
     p.add_argument("--max-running", type=int, default=16)
     p.add_argument("--layers", type=int, default=2, help="layers per group")
-    p.add_argument("--arrivals", type=float, default=0.5, help="new conversations per step (synthetic)")
+    p.add_argument("--arrivals", type=float, default=0.3, help="new conversations per step (synthetic)")
     p.add_argument("--system-prompts", type=int, default=6)
     p.add_argument("--trace", type=Path, help="JSONL trace instead of the synthetic workload")
     p.add_argument("--no-publish", action="store_true", help="dry run: count events, send nothing")

@@ -79,7 +79,7 @@ class SyntheticConfig:
     num_system_prompts: int = 6
     system_prompt_tokens: tuple[int, int] = (64, 320)
     zipf_s: float = 1.1
-    arrivals_per_step: float = 0.5  # mean new conversations per step
+    arrivals_per_step: float = 0.3  # mean new conversations per step (0.3 keeps the default node in steady state)
     max_turns: int = 4
     user_tokens: tuple[int, int] = (8, 64)
     max_tokens: tuple[int, int] = (4, 32)

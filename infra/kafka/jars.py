@@ -28,6 +28,9 @@ def cache_root() -> Path:
 
 
 def _marker_text(version: str) -> str:
+    if not POM.is_file():
+        raise InfraError(f"{POM} is missing: this kvpipe installation lacks infra/kafka/pom.xml "
+                         f"(package-data), so the broker's jars cannot be resolved; run from a checkout")
     digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:16]
     return f"kafka={version} pom={digest}\n"
 

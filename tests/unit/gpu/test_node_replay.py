@@ -7,14 +7,13 @@ from collections import Counter, defaultdict
 
 import pytest
 
+from gpu.cpu_tier import LookupResult, offload_key_group, offload_key_hash
 from gpu.hashing import external_hash, hash_request_blocks
 from gpu.hit import longest_hybrid_hit
 from gpu.node.kv_compute import ModelShape
 from gpu.node.node import CaptureSink, Node, NodeConfig
-from gpu.node.offload_driver import OffloadGroup
 from gpu.node.workload import SyntheticConfig, SyntheticWorkload
-from gpu.offload_lookup import chunk_keys
-from gpu.cpu_tier import LookupResult, offload_key_group, offload_key_hash
+from gpu.offload_lookup import OffloadGroup, chunk_keys
 from gpu.specs import FullAttention, Mamba, SlidingWindow
 from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
 

@@ -2,6 +2,8 @@
 chunks SWA/Mamba groups store and load (only the window's tail)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from gpu.cpu_tier import LookupResult, make_offload_key
@@ -22,11 +24,11 @@ from gpu.specs import FullAttention, Mamba, SlidingWindow
 HIT, MISS, PENDING, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING, LookupResult.RETRY
 
 
-def answers(table: dict) -> callable:
+def answers(table: dict) -> Callable[[bytes], LookupResult]:
     return lambda k: table.get(k, MISS)
 
 
-def hits(*ids: int, pending=(), retry=()) -> callable:
+def hits(*ids: int, pending=(), retry=()) -> Callable[[bytes], LookupResult]:
     table = {i: HIT for i in ids} | {i: PENDING for i in pending} | {i: RETRY for i in retry}
     return lambda k: table.get(k, MISS)
 
@@ -112,7 +114,7 @@ def _keys(group: int, n: int) -> list[bytes]:
     return [make_offload_key(i.to_bytes(32, "big"), group) for i in range(n)]
 
 
-def _table(*present: tuple[int, list[int]]) -> callable:
+def _table(*present: tuple[int, list[int]]) -> Callable[[bytes], LookupResult]:
     return answers({make_offload_key(i.to_bytes(32, "big"), g): HIT for g, ids in present for i in ids})
 
 
