@@ -58,6 +58,10 @@ class HashConfig(msgspec.Struct, omit_defaults=True):
     int_hashes: bool = True  # external form: last 8 bytes as int (True) or raw digest bytes
 
 
+# The one "no batch" value; see Envelope.__post_init__.
+_NO_BATCH = msgspec.Raw()
+
+
 class Envelope(msgspec.Struct, omit_defaults=True):
     v: int  # schema major version
     node_id: str
@@ -74,10 +78,16 @@ class Envelope(msgspec.Struct, omit_defaults=True):
     num_events: int = 0
     # vLLM KVEventBatch bytes (array [ts, events, dp_rank]) embedded as-is; empty (omitted on
     # the wire) for a heartbeat. msgspec.Raw cannot be Optional, so "absent" is the empty Raw.
-    batch: msgspec.Raw = msgspec.Raw()
+    batch: msgspec.Raw = _NO_BATCH
     source: str = "kvpipe"  # "kvpipe" (our GPU side) | "vllm-bridge"
     upstream_seq: int | None = None  # the vLLM ZMQ seq of this batch, when bridged
     layout: str = "map"  # "map" (vLLM >= 0.24 events) | "array" (vLLM <= 0.23 events)
+
+    def __post_init__(self) -> None:
+        # omit_defaults compares by identity for Raw: an *equal* empty Raw would be written as a key
+        # with no value (broken msgpack). Normalise every empty batch to the default object.
+        if self.batch is not _NO_BATCH and len(self.batch) == 0:
+            self.batch = _NO_BATCH
 
     @property
     def is_heartbeat(self) -> bool:

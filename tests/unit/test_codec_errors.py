@@ -77,3 +77,9 @@ def test_headers_of_another_version_or_content_type_are_rejected():
     with pytest.raises(DecodeError) as info:
         check_headers([("content-type", b"application/json")])
     assert info.value.kind == WRONG_SHAPE
+
+
+def test_an_envelope_built_with_an_empty_batch_still_encodes_as_a_valid_heartbeat():
+    env = _env(batch=msgspec.Raw(b""))
+    back = decode_envelope(encode_envelope(env))
+    assert back.is_heartbeat and back.seq == 0
