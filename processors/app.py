@@ -27,4 +27,7 @@ app = faust.App(
     # One message carries a whole node step; bigger fetches keep the agent fed on 2 cores.
     broker_max_poll_records=2000,
     stream_buffer_maxsize=8192,
+    # A SIGKILLed worker's partitions move (or come back to its restart) after this long, not
+    # after Faust's default 60 s.
+    broker_session_timeout=10.0,
 )

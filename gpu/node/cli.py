@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         from producer.publisher import Publisher
         from schemas.settings import load_settings
 
+        # The publisher needs the node's group specs and hash config, so the node comes first.
         node = Node(config, make_workload(args), CountingSink())
         publisher = Publisher(load_settings(), args.node_id, model=args.model, group_specs=node.group_specs(),
                               hash_config=node.hash_config(), topic=args.topic)
@@ -140,11 +142,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{s.cpu_hit_tokens} events {sum(n.events.by_type.values())} usage {n.manager.usage:.2f}",
               file=sys.stderr, flush=True)
 
+    def stop(signum: int, frame: object) -> None:  # the demo stops nodes with SIGTERM: flush, report
+        node.stop_requested = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     steps = args.steps if args.steps is not None or args.duration is not None else 500
     try:
         elapsed = node.run(steps=steps, duration=args.duration, rate=args.rate, restart_at=args.restart_at,
                            progress=progress if args.progress else None)
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if publisher is not None:
             publisher.close()
     summary = node.summary(elapsed, publisher)

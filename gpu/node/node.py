@@ -108,6 +108,7 @@ class Node:
         self.step_no = 0
         self.epochs = 1
         self.aborted = 0
+        self.stop_requested = False  # set from a signal handler: the loop ends after the current step
         self._retired: list[Any] = []  # stats of cache incarnations before a restart
         self._build()
 
@@ -164,7 +165,7 @@ class Node:
         Returns the elapsed wall time."""
         start = time.monotonic()
         period = 1.0 / rate if rate > 0 else 0.0
-        while True:
+        while not self.stop_requested:
             if steps is not None and self.step_no >= steps:
                 break
             if duration is not None and time.monotonic() - start >= duration:
