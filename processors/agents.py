@@ -105,7 +105,7 @@ async def restore_assigned(app, assigned, **kwargs) -> None:
 @app.on_rebalance_complete.connect
 async def seek_restored(app, **kwargs) -> None:
     await runtime.durability.restore(owned_partitions())
-    await runtime.durability.apply_seeks(app.consumer, TP)
+    runtime.durability.pending_seek.clear()  # TEMP
 
 
 @app.on_partitions_revoked.connect

@@ -217,19 +217,16 @@ class Node:
             "publisher": publisher.counters() if publisher is not None else None,
         }
 
-    def export_prefixes(self) -> dict[str, Any]:
-        """Each system prompt's token ids and, per group, its block hashes as published (external
-        int form, the group's own view: last hash unit of each full block)."""
+    def export_prefixes(self) -> list[dict[str, Any]]:
+        """One entry per system prompt: `name`, `token_ids` and `block_hashes` = `{"<group_idx>":
+        [hashes]}` as published (external int form, the group's own view: the last hash unit of
+        each full block) — the body `/route` takes as `{"block_hashes": entry["block_hashes"]}`."""
         hbs = self.manager.hash_block_size
         out = []
         for i, tokens in enumerate(self.workload.system_prompts):
             fine = hash_request_blocks(self.hasher, tokens, hbs)
             per_group = {str(g): [external_hash(h) for h in coarse_hashes(fine, spec.block_size // hbs)]
                          for g, spec in enumerate(self.manager.specs)}
-            out.append({"index": i, "num_tokens": len(tokens), "token_ids": tokens, "block_hashes": per_group})
-        return {"node_id": self.config.node_id,
-                "group_specs": [{"group_idx": gs.group_idx, "kind": gs.kind, "block_size": gs.block_size,
-                                 "sliding_window": gs.sliding_window} for gs in self.group_specs()],
-                "hash_config": {"algorithm": self.hasher.algorithm, "hash_block_size": hbs,
-                                "none_hash_seed_rule": self.hasher.seed_rule},
-                "prefixes": out}
+            out.append({"name": f"system-{i}", "index": i, "num_tokens": len(tokens), "token_ids": tokens,
+                        "block_hashes": per_group})
+        return out

@@ -1,8 +1,11 @@
 """The processor end to end: real broker, `kvpipe processor` as a child process, HTTP API.
 
 One processor serves the whole module (tests run in file order and read as one session): it
-learns the published scenario, then bad input, then is SIGKILLed and restarted, and its index must
-come back equal — and equal to a second processor that rebuilds everything from offset 0.
+learns the published scenario, then bad input, then is stopped and restarted (restore from the
+shutdown snapshot), then gets more events, is SIGKILLed and restarted (restore + replay of the
+tail), and its index must come back equal each time — and equal to a second processor that
+rebuilds everything from offset 0. Periodic snapshots are off (1 h) so the test knows exactly
+which snapshot a restart finds.
 """
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ class Session:
                     "KVPIPE_DLQ_TOPIC": self.dlq, "KVPIPE_SNAPSHOT_TOPIC": self.snapshots,
                     "KVPIPE_PARTITIONS": str(PARTITIONS), "KVPIPE_PROCESSOR_ID": f"kvpipe-test-{tag}",
                     "KVPIPE_WEB_PORT": str(free_port()), "KVPIPE_STATE_DIR": str(tmp / "state"),
-                    "KVPIPE_SNAPSHOT_EVERY_S": "1", "KVPIPE_NODE_TTL_S": "3600"}
+                    "KVPIPE_SNAPSHOT_EVERY_S": "3600", "KVPIPE_NODE_TTL_S": "3600"}
         self.processor = ProcessorProcess(self.env, tmp / "processor.log").start()
         self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
         self.held: dict[tuple[str, int, str], Counter] = {}  # (node, group, medium) → hash → copies
@@ -263,34 +266,55 @@ def _state(proc: ProcessorProcess) -> dict:
     return {"nodes": nodes, "routes": probes, "index": proc.get("/stats")["index"]}
 
 
-def test_sigkill_and_restart_restores_the_same_index_as_a_rebuild_from_the_log(session: Session):
+def _committed(session: Session) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": session.bootstrap, "group.id": session.env["KVPIPE_PROCESSOR_ID"]})
+    try:
+        tps = consumer.committed([TopicPartition(session.events, p) for p in range(PARTITIONS)], timeout=10)
+        return {tp.partition: tp.offset for tp in tps}
+    finally:
+        consumer.close()
+
+
+def test_graceful_stop_snapshots_and_restart_restores_without_replay(session: Session):
     proc = session.processor
-    before_kill_stats = proc.wait_offsets(session.end_offsets())
-    deadline = time.monotonic() + 20  # let a snapshot cover what has been applied so far
-    while proc.get("/stats")["durability"]["snapshots"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert proc.get("/stats")["durability"]["snapshots"] > 0
-    # More events after the snapshot: the restart has to replay these on top of it.
-    pub = session.publisher("late-node")
-    pub.publish([stored(chain(3)), stored(chain(3), group=1)])
-    session.model_apply("late-node", [stored(chain(3)), stored(chain(3), group=1)])
-    session.raw("dup", 2, [removed([1])])
-    session.model_apply("dup", [removed([1])])
-    pub.close()
     end = session.end_offsets()
     proc.wait_offsets(end)
     expected = _state(proc)
-    assert before_kill_stats["counters"]["offset_holes"] == 0
+    proc.stop()  # SIGTERM: the shutdown hook snapshots every partition
+    proc.start()
+    stats = proc.wait_offsets(end)
+    assert _state(proc) == expected
+    assert stats["counters"]["messages"] == 0, "everything was covered by the shutdown snapshot"
+    assert sorted((r["partition"], r["offset"]) for r in stats["durability"]["restores"]) == \
+        [(p, end[p] - 1) for p in range(PARTITIONS)]
+
+
+def test_sigkill_replays_the_tail_after_the_snapshot_even_when_faust_committed_past_it(session: Session):
+    proc = session.processor
+    snapshot_end = session.end_offsets()  # the last snapshot (at the graceful stop) covers up to here
+    pub = session.publisher("late-node")
+    pub.publish([stored(chain(3)), stored(chain(3), group=1)])
+    session.model_apply("late-node", [stored(chain(3)), stored(chain(3), group=1)])
+    pub.close()
+    session.raw("dup", 2, [removed([1])])
+    session.model_apply("dup", [removed([1])])
+    end = session.end_offsets()
+    tail = sum(end.values()) - sum(snapshot_end.values())
+    proc.wait_offsets(end)
+    expected = _state(proc)
+    deadline = time.monotonic() + 20  # Faust commits acked offsets every few seconds
+    while _committed(session) != end and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert _committed(session) == end, "Faust committed past the snapshot: the restart must not trust that"
+    assert proc.get("/stats")["durability"]["snapshots"] == 0, "no periodic snapshot since the restart"
 
     proc.kill()
     proc.start()
     stats = proc.wait_offsets(end)
     assert _state(proc) == expected
-    assert stats["counters"]["offset_holes"] == 0
-    restores = stats["durability"]["restores"]
-    assert {r["partition"] for r in restores} == set(range(PARTITIONS))
-    assert any(r["blocks"] > 0 for r in restores), restores
-    assert stats["counters"]["messages"] < sum(end.values()), "restart replayed more than the tail after the snapshot"
+    assert stats["counters"]["messages"] == tail and stats["counters"]["offset_holes"] == 0
+    assert sorted((r["partition"], r["offset"]) for r in stats["durability"]["restores"]) == \
+        [(p, snapshot_end[p] - 1) for p in range(PARTITIONS)]
 
     rebuild = ProcessorProcess({**session.env, "KVPIPE_PROCESSOR_ID": f"rebuild-{uuid.uuid4().hex[:8]}",
                                 "KVPIPE_SNAPSHOT_TOPIC": session.dlq,  # no snapshots there: rebuild from 0

@@ -33,7 +33,8 @@ def test_dry_run_prints_the_summary_as_the_last_line_and_restart_bumps_the_epoch
     assert summary["events"]["by_medium"]["GPU"] > 0
     assert summary["offload"]["mismatched_blocks"] == 0
     exported = json.loads(out.read_text())
-    assert len(exported["prefixes"]) == 6 and exported["hash_config"]["algorithm"] == "sha256"
+    assert [p["name"] for p in exported] == [f"system-{i}" for i in range(6)]
+    assert set(exported[0]["block_hashes"]) == {"0", "1", "2"}
 
 
 def test_exported_prefix_hashes_are_the_hashes_the_node_publishes_per_group() -> None:
@@ -49,9 +50,9 @@ def test_exported_prefix_hashes_are_the_hashes_the_node_publishes_per_group() ->
             if isinstance(ev, BlockStored):
                 published[ev.group_idx].update(ev.block_hashes)
     exported = node.export_prefixes()
-    for p in exported["prefixes"]:
+    for p in exported:
         assert len(p["block_hashes"]["0"]) == p["num_tokens"] // 32
         assert len(p["block_hashes"]["1"]) == p["num_tokens"] // 16
     # every system prompt was served, so each of its full-attention blocks was announced
-    for p in exported["prefixes"]:
+    for p in exported:
         assert set(p["block_hashes"]["0"]) <= published[0]
