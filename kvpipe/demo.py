@@ -32,7 +32,7 @@ NODES = [
     ("node-b", 2, ["--restart-at", "150"]),
     ("node-c", 3, []),
 ]
-MODEL = "full_attention:16,sliding_window:16:64,mamba:16"
+MODEL = "full_attention:16,sliding_window:16:64,mamba:16"  # kind:block_size[:window]
 
 
 def _free_port() -> int:
@@ -204,13 +204,13 @@ class Demo:
         t0 = time.monotonic()
         nodes = self.start_nodes()
         summaries = self.wait_for_nodes(nodes)
-        published = sum(s.get("publisher", {}).get("sent", 0) for s in summaries.values())
+        published = sum((s.get("publisher") or {}).get("sent", 0) for s in summaries.values())
         stats = self.wait_caught_up(published, injected)
         elapsed = time.monotonic() - t0
         return self.report(summaries, stats, elapsed, nodes)
 
     def report(self, summaries: dict, stats: dict, elapsed: float, nodes) -> int:
-        events = sum(s.get("events_total", 0) for s in summaries.values())
+        events = sum(s.get("events", {}).get("total", 0) for s in summaries.values())
         print("\n=== kvpipe demo summary ===")
         print(f"nodes: {len(summaries)}, steps each: {self.args.steps}, wall time {elapsed:.1f} s")
         print(f"events published: {events}  ({events / max(elapsed, 1e-9):,.0f} events/s end to end)")

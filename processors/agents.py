@@ -105,7 +105,7 @@ async def restore_assigned(app, assigned, **kwargs) -> None:
 @app.on_rebalance_complete.connect
 async def seek_restored(app, **kwargs) -> None:
     await runtime.durability.restore(owned_partitions())
-    runtime.durability.pending_seek.clear()  # TEMP
+    await runtime.durability.apply_seeks(app.consumer, TP)
 
 
 @app.on_partitions_revoked.connect

@@ -119,6 +119,8 @@ def render_metrics(stats: dict) -> str:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
+            if value is None:  # unknown yet (e.g. a partition that has seen only DLQ messages)
+                continue
             label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
             lines.append(f"{name}{{{label_text}}} {float(value)!r}" if label_text else f"{name} {float(value)!r}")
 

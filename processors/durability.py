@@ -163,8 +163,11 @@ async def snapshot_reader(bootstrap: str):
     """A group-less aiokafka consumer for reading snapshot partitions (the caller stops it)."""
     from aiokafka import AIOKafkaConsumer
 
+    # fetch_max_wait_ms: a fetch issued before our seek long-polls at the partition's end; with
+    # the default 500 ms every partition's restore waited that long for nothing.
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                                max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=16 * 1024 * 1024)
+                                max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=16 * 1024 * 1024,
+                                fetch_max_wait_ms=10)
     await consumer.start()
     return consumer
 
@@ -207,7 +210,7 @@ async def _read_range(consumer, tp, start: int, end: int, deadline: float) -> di
         return latest
     consumer.seek(tp, start)
     while time.monotonic() < deadline:
-        batch = await consumer.getmany(tp, timeout_ms=500)
+        batch = await consumer.getmany(tp, timeout_ms=100)
         for record in batch.get(tp, []):
             if record.offset < end and record.key is not None:
                 latest[record.key] = (record.offset, record.value)

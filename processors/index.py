@@ -35,6 +35,7 @@ from processors.analytics.rows import (
     REASON_CLEARED,
     REASON_EVICTED,
     REASON_NODE_EXPIRED,
+    U64_MASK,
     LifetimeRow,
     hash_to_u64,
 )
@@ -232,9 +233,13 @@ class Index:
                         unknown += 1
                         continue
                     removed += 1
-                    _drop_holder(holders, h, slot)
-                    closed.append(LifetimeRow(node.node_id, node.epoch, group, medium, hash_to_u64(h), stored_ts, ts,
-                                              REASON_EVICTED, partition, offset, idx))
+                    if holders.get(h) is slot:  # the common case, inlined: this node is the only holder
+                        del holders[h]
+                    else:
+                        _drop_holder(holders, h, slot)
+                    closed.append(LifetimeRow(node.node_id, node.epoch, group, medium,
+                                              h & U64_MASK if h.__class__ is int else hash_to_u64(h),
+                                              stored_ts, ts, REASON_EVICTED, partition, offset, idx))
         c, nc = self.counters, node.counters
         c["events"] += len(events)
         nc["events"] += len(events)

@@ -79,6 +79,7 @@ def _forwarding_bridge(config: BridgeConfig, args: argparse.Namespace, declared:
 
     settings = load_settings({"kafka_bootstrap": args.bootstrap})
     config.max_bytes = settings.max_message_bytes
+    config.publisher_queue_limit = max(1, settings.producer_queue_batches * 4 // 5)
 
     def publisher_factory(node_id: str, rank: int) -> Publisher:
         return Publisher(settings, node_id, model=model, dp_rank=rank, group_specs=declared or None,

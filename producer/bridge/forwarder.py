@@ -12,6 +12,11 @@ Rules (vLLM numbers batches 0, 1, 2, … per publisher process, shared/vllm-sema
   deliver) is a real loss: the next envelope that reaches Kafka carries `lost_batches=N`, which
   makes the processor mark the node suspect.
 - seq < expected: vLLM restarted (its counter went back). Its cache is gone: new epoch.
+  A restart the counter does not show (the new process got past `expected` before we
+  reconnected) is caught after a disconnect: the ring's copy of the last batch we forwarded must
+  be byte-identical to ours (a new process cannot reproduce it: the batch carries a float
+  timestamp); if it differs, it is a new incarnation. If the ring no longer has it, we cannot
+  tell and treat the jump as a gap (counted lost, so the node is suspect anyway).
   Replies from the ring past the live seq are dropped, so a seq below `expected` on the live path
   is never a replay duplicate.
 - A malformed message (frame shape, or a payload that does not decode) goes to the DLQ with a
@@ -71,6 +76,8 @@ class Forwarder:
         self.max_bytes = max_bytes
         self.expected = 0  # next vLLM seq wanted
         self.pending_lost = 0  # batches lost since the last envelope that reached the publisher
+        self._last: tuple[int, bytes] | None = None  # (seq, payload) last handed to the publisher
+        self._reconnected = False
 
     # -- entry points ----------------------------------------------------------------------------
 
@@ -83,8 +90,16 @@ class Forwarder:
             return
         self.on_message(msg.seq, msg.payload, frames)
 
+    def peer_disconnected(self) -> None:
+        """The SUB lost its connection: vLLM may come back as a new process."""
+        self._reconnected = True
+
     def on_message(self, seq: int, payload: bytes, frames: list[bytes]) -> None:
         decoded = self._decode(seq, payload, frames)
+        if self._reconnected and decoded is not None:
+            self._reconnected = False
+            if seq >= self.expected and self._is_new_incarnation():
+                self._restart(f"after a reconnect, the replay ring's copy of seq {self.expected - 1} differs from ours")
         if decoded is None:
             if seq >= self.expected:
                 self._catch_up(seq)
@@ -92,7 +107,7 @@ class Forwarder:
                 self.expected = seq + 1
             return
         if seq < self.expected:
-            self._restart(seq)
+            self._restart(f"vLLM seq went back from {self.expected - 1} to {seq}")
         if seq > self.expected:
             self._catch_up(seq)
         self._forward(seq, payload, *decoded)
@@ -132,17 +147,24 @@ class Forwarder:
                         " before timing out" if result.timed_out else "", self.counters.lost)
         self.expected = seq
 
-    def _restart(self, seq: int) -> None:
+    def _is_new_incarnation(self) -> bool:
+        if self._last is None or self.replay is None:
+            return False
+        last_seq, last_payload = self._last
+        result = self.replay.fetch(last_seq, last_seq + 1)
+        return bool(result.batches) and result.batches[0].payload != last_payload
+
+    def _restart(self, why: str) -> None:
         self.counters.restarts += 1
         epoch = self.publisher.new_epoch()
-        log.warning("node %s: vLLM seq went back from %d to %d (publisher restarted): new epoch %d",
-                    self.node_id, self.expected - 1, seq, epoch)
+        log.warning("node %s: vLLM publisher restarted (%s): new epoch %d", self.node_id, why, epoch)
         self.specs.reset()
         specs = self.specs.group_specs()
         if specs is not None or self.specs.hash_config is not None:
             self.publisher.set_group_specs(specs or [], self.specs.hash_config)
         self.expected = 0
         self.pending_lost = 0  # losses of the old incarnation died with its cache
+        self._last = None
 
     def _forward(self, seq: int, payload: bytes, batch: KVEventBatch, layout: str) -> None:
         if self.specs.observe(batch.events):
@@ -154,6 +176,7 @@ class Forwarder:
             lost_batches=self.pending_lost, dp_rank=batch.data_parallel_rank,
         )
         if ok:
+            self._last = (seq, payload)
             self.pending_lost = 0
             self.counters.batches += 1
             self.counters.events += n

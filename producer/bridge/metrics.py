@@ -25,6 +25,7 @@ HELP = {
     "dlq_failed": "dead-letter messages that could not be queued",
     "publish_rejected": "batches the publisher refused (its queue was full; reported as dropped)",
     "spec_mismatches": "declared group specs / hash config contradicted by vLLM's events",
+    "recorded": "messages written to a capture file (--record)",
 }
 
 
@@ -42,6 +43,7 @@ class Counters:
     dlq_failed: int = 0
     publish_rejected: int = 0
     spec_mismatches: int = 0
+    recorded: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

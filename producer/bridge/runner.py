@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Callable
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from producer.bridge.dlq import DeadLetters
 from producer.bridge.forwarder import Forwarder, PublisherLike
@@ -43,6 +44,9 @@ class BridgeConfig:
     topic_filter: bytes = b""
     replay_timeout_s: float = DEFAULT_TIMEOUT_S
     max_bytes: int = DEFAULT_MAX_BYTES
+    # Stop reading ZMQ while the publisher holds this many batches: its queue drops when full,
+    # while ZMQ (RCVHWM) and vLLM's replay ring can hold a backlog without losing anything.
+    publisher_queue_limit: int = 8_000
 
     def ranks(self) -> range:
         return range(self.dp_rank_start, self.dp_rank_start + self.dp_ranks)
@@ -93,11 +97,25 @@ class RankWorker:
         log.info("node %s: %s %s%s", self.node_id, "recording" if self._record else "forwarding",
                  self.endpoint, f" (replay {self.replay_endpoint})" if replay else "")
         self._ready.set()
+        # Disconnects matter to the forwarder: vLLM may come back as a new process (new epoch).
+        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        poller = zmq.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         try:
             while not bridge.stopping.is_set():
-                if not sub.poll(100):
+                room = self._room()
+                if room <= 0:
+                    time.sleep(0.001)
                     continue
-                for _ in range(_DRAIN_MAX):
+                ready = dict(poller.poll(100))
+                if monitor in ready:
+                    recv_monitor_message(monitor)
+                    if self.forwarder is not None:
+                        self.forwarder.peer_disconnected()
+                if sub not in ready:
+                    continue
+                for _ in range(min(room, _DRAIN_MAX)):
                     try:
                         frames = sub.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
@@ -107,16 +125,25 @@ class RankWorker:
                     except Exception:
                         log.exception("node %s: unexpected error handling a message; going on", self.node_id)
         finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
             sub.close(linger=0)
             if replay is not None:
                 replay.close()
             if self._record is not None:
                 self._record.close()
 
+    def _room(self) -> int:
+        """How many more messages to read before looking at the publisher's backlog again."""
+        counters = getattr(self.publisher, "counters", None)
+        if counters is None:
+            return _DRAIN_MAX
+        return self._bridge.config.publisher_queue_limit - counters()["queue_depth"]
+
     def _record_frames(self, frames: list[bytes]) -> None:
         assert self._record is not None
         write_frame(self._record, frames, time.time())
-        self.counters.batches += 1
+        self.counters.recorded += 1
 
 
 class Bridge:

@@ -103,19 +103,23 @@ class TestingPublisher:
         self._pub.set_hwm(hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._monitor = self._pub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        endpoint = offset_endpoint(endpoint, dp_rank)
-        if vllm_binds(endpoint):
-            self.endpoint = _bind(self._pub, endpoint)
-        else:
-            self._pub.connect(endpoint)
-            self.endpoint = endpoint
         self._replay: zmq.Socket | None = None
         self.replay_endpoint: str | None = None
-        if replay_endpoint is not None:
-            self._replay = self._ctx.socket(zmq.ROUTER)
-            self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
-            self._replay.setsockopt(zmq.LINGER, 0)
-            self.replay_endpoint = _bind(self._replay, offset_endpoint(replay_endpoint, dp_rank))
+        try:
+            endpoint = offset_endpoint(endpoint, dp_rank)
+            if vllm_binds(endpoint):
+                self.endpoint = _bind(self._pub, endpoint)
+            else:
+                self._pub.connect(endpoint)
+                self.endpoint = endpoint
+            if replay_endpoint is not None:
+                self._replay = self._ctx.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
+                self._replay.setsockopt(zmq.LINGER, 0)
+                self.replay_endpoint = _bind(self._replay, offset_endpoint(replay_endpoint, dp_rank))
+        except zmq.ZMQError:
+            self._close_sockets()
+            raise
         self._thread = threading.Thread(target=self._run, name=f"testing-publisher-dp{dp_rank}", daemon=True)
         self._thread.start()
 
@@ -167,6 +171,10 @@ class TestingPublisher:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=5)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        self._pub.disable_monitor()
         self._monitor.close(linger=0)
         self._pub.close(linger=0)
         if self._replay is not None:

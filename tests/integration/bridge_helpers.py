@@ -46,7 +46,9 @@ class Node:
     """A vLLM-like node (one publisher per DP rank) on free loopback ports."""
 
     def __init__(self, ranks: int = 1, **kw: object) -> None:
-        self.pub_port, self.replay_port = free_port_range(ranks), free_port_range(ranks)
+        # one range for both sockets: two separate picks could hand out the same port twice
+        self.pub_port = free_port_range(2 * ranks)
+        self.replay_port = self.pub_port + ranks
         self.ranks = [TestingPublisher(f"tcp://*:{self.pub_port}", f"tcp://*:{self.replay_port}", dp_rank=r, **kw)
                       for r in range(ranks)]
 

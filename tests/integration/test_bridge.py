@@ -6,18 +6,22 @@ events topic (and of the DLQ topic) sees.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+import zmq
 
 from producer.bridge.dlq import HEADER_REASON, decode_frames
 from producer.bridge.recording import read_recording
 from producer.bridge.runner import Bridge, BridgeConfig
-from producer.bridge.testing_publisher import CacheSim
+from producer.bridge.testing_publisher import CacheSim, TestingPublisher, free_port_range
 from schemas.codec import decode_vllm_batch
 from schemas.envelope import Envelope
 from tests.integration.bridge_helpers import GROUPS, Node, batches_on, consume, publish_steps, running_bridge
@@ -135,6 +139,37 @@ def test_a_publisher_restart_starts_a_new_epoch(kafka_bootstrap, topics, node):
     assert bridge.counters()["vllm-a/dp0"]["restarts"] == 1
 
 
+def restarted(node: Node, timeout: float = 10.0) -> TestingPublisher:
+    """A new publisher on the old node's ports (ZMQ releases a closed listener asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return TestingPublisher(f"tcp://*:{node.pub_port}", f"tcp://*:{node.replay_port}")
+        except zmq.ZMQError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_a_new_publisher_process_that_got_ahead_before_we_reconnected_is_a_new_epoch(kafka_bootstrap, topics, node):
+    topic, dlq = topics
+    with running_bridge(kafka_bootstrap, topic, dlq, node) as bridge:
+        publish_steps(node.ranks[0], CacheSim(GROUPS, seed=11), 3)
+        batches_on(kafka_bootstrap, topic, 3)
+        node.ranks[0].close()  # vLLM dies …
+        node.ranks[0] = restarted(node)
+        pub, sim = node.ranks[0], CacheSim(GROUPS, seed=12)
+        early = publish_steps(pub, sim, 5)  # … and its successor publishes 0..4 before we are back
+        pub.wait_for_subscriber()
+        late = publish_steps(pub, sim, 1)  # seq 5: past what we expect (3), so only the reconnect tells
+        envs = batches_on(kafka_bootstrap, topic, 9)
+    assert bridge.counters()["vllm-a/dp0"]["restarts"] == 1
+    new = envs[3:]
+    assert len({e.epoch for e in new}) == 1 and new[0].epoch > envs[0].epoch
+    assert [(e.seq, e.upstream_seq, e.lost_batches) for e in new] == [(i, i, 0) for i in range(6)]
+    assert [bytes(e.batch) for e in new] == early + late
+
+
 def test_malformed_messages_go_to_the_dlq_with_a_reason_while_good_ones_flow(kafka_bootstrap, topics, node):
     topic, dlq = topics
     pub, sim = node.ranks[0], CacheSim(GROUPS, seed=7)
@@ -185,7 +220,7 @@ def test_record_writes_raw_frames_that_inspect_decodes(tmp_path, node):
         sent = publish_steps(pub, sim, 3)
         pub.send_frames([b"bad"])
         deadline = time.monotonic() + 5
-        while bridge.counters()["rec/dp0"]["batches"] < 4 and time.monotonic() < deadline:
+        while bridge.counters()["rec/dp0"]["recorded"] < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
         bridge.stop()
@@ -197,3 +232,44 @@ def test_record_writes_raw_frames_that_inspect_decodes(tmp_path, node):
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
     assert [(line["zmq"]["seq"], line["layout"]) for line in lines] == [(0, "map"), (1, "map"), (2, "map")]
     assert lines[0]["events"][0]["type"] in ("BlockStored", "BlockRemoved")
+
+
+def test_the_cli_forwards_serves_metrics_and_flushes_on_sigterm(kafka_bootstrap, topics, node, tmp_path):
+    topic, dlq = topics
+    specs = tmp_path / "specs.json"
+    specs.write_text(json.dumps({"group_specs": [{"group_idx": 0, "kind": "full_attention", "block_size": 16},
+                                                 {"group_idx": 1, "kind": "sliding_window", "block_size": 16,
+                                                  "sliding_window": 128}], "model": "m"}))
+    port = free_port_range(1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVPIPE_")}
+    env.update(KVPIPE_KAFKA_BOOTSTRAP=kafka_bootstrap, KVPIPE_DLQ_TOPIC=dlq, KVPIPE_HEARTBEAT_S="600")
+    proc = subprocess.Popen([sys.executable, "-m", "kvpipe", "bridge", "--zmq", node.zmq, "--replay", node.replay,
+                             "--node-id", "cli", "--topic", topic, "--specs-file", str(specs),
+                             "--metrics-port", str(port)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        pub = node.ranks[0]
+        pub.wait_for_subscriber(30)
+        pub.drop(2)
+        sent = publish_steps(pub, CacheSim(GROUPS, seed=9), 5)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            if 'kvpipe_bridge_batches_total{node="cli/dp0"} 5' in text:
+                break
+            time.sleep(0.1)
+        assert 'kvpipe_bridge_replayed_total{node="cli/dp0"} 1' in text
+        # group 1 declared with a 128-token window; the node's events say 64
+        assert ('kvpipe_bridge_spec_mismatch{node="cli/dp0",group="1",field="sliding_window",'
+                'declared="128",observed="64"} 1') in text
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out.decode()[-2000:]
+    assert b"ERROR" in out and b"sliding_window declared 128" in out
+    envs = batches_on(kafka_bootstrap, topic, 5)
+    assert [bytes(e.batch) for e in envs] == sent
+    # the first batch revealed the mismatch before it was queued: seq 0 already carries the fix
+    assert envs[0].model == "m" and envs[0].group_specs[1].sliding_window == 64

@@ -185,3 +185,27 @@ def test_any_unsigned_64_bit_seq_is_accepted(seq):
     fwd.expected = seq
     fwd.on_frames(frames(seq, payload(1)))
     assert pub.seqs() == [seq]
+
+
+def test_a_restart_hidden_behind_a_reconnect_is_found_by_comparing_the_last_batch():
+    ring = RingReplay()
+    fwd, pub, _ = make(ring)
+    for s in range(5):
+        feed(fwd, ring, s)
+    fwd.peer_disconnected()
+    ring.ring = [(s, payload(s + 100)) for s in range(8)]  # a new process published 0..7 meanwhile
+    fwd.on_frames(frames(8, payload(108)))
+    assert fwd.counters.restarts == 1
+    assert [(s.epoch, s.upstream_seq) for s in pub.sent[5:]] == [(2, s) for s in range(9)]
+
+
+def test_a_reconnect_to_the_same_process_is_just_a_gap():
+    ring = RingReplay()
+    fwd, pub, _ = make(ring)
+    for s in range(5):
+        feed(fwd, ring, s)
+    fwd.peer_disconnected()
+    for s in range(5, 8):
+        feed(fwd, ring, s, live=False)
+    feed(fwd, ring, 8)
+    assert fwd.counters.restarts == 0 and pub.seqs() == list(range(9)) and {s.epoch for s in pub.sent} == {1}

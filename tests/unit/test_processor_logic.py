@@ -1,0 +1,85 @@
+"""Snapshots and the HTTP API's rules, without Kafka or a server."""
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from processors.api import ApiError, check_sql, parse_route_request, render_metrics
+from processors.index import Index
+from processors.ingest import DLQ, SKIPPED, Ingest
+from processors.snapshot import decode_chunk, export_partition, import_chunks
+from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
+from schemas.events import BlockStored
+
+
+def stored(hashes, group=0, medium="GPU"):
+    return BlockStored(block_hashes=list(hashes), parent_block_hash=None, token_ids=[], block_size=16,
+                       lora_id=None, medium=medium, lora_name=None, group_idx=group)
+
+
+def env(node, seq, events, partition_specs=None):
+    return Envelope(v=SCHEMA_MAJOR, node_id=node, epoch=1, seq=seq, ts=100.0 + seq, group_specs=partition_specs,
+                    batch=msgspec.Raw(encode_vllm_batch(events, 100.0)) if events else msgspec.Raw())
+
+
+def test_snapshot_roundtrip_split_across_many_chunks_gives_the_same_index():
+    index = Index()
+    specs = [GroupSpec(group_idx=0, kind="full_attention", block_size=16)]
+    index.apply(env("a", 0, [], specs), [stored(range(5000)), stored([1, 2]), stored([b"\x01" * 32], medium="CPU")], 0, 0)
+    index.apply(env("b", 0, []), [stored(range(100, 200), group=1)], 0, 1)
+    index.apply(env("c", 3, []), [stored([7])], 1, 0)  # other partition, suspect
+    chunks, nodes, blocks = export_partition(index, 0, gen=1, chunk_bytes=4096)
+    assert len(chunks) > 5 and nodes == 2 and blocks == 5101
+    restored = Index()
+    import_chunks(restored, 0, [decode_chunk(c) for c in chunks])
+    for node_id in ("a", "b"):
+        old, new = index.nodes[node_id], restored.nodes[node_id]
+        assert {k: (s.blocks, s.dups) for k, s in old.slots.items()} == {k: (s.blocks, s.dups) for k, s in new.slots.items()}
+        assert (old.seq, old.epoch, old.group_specs, old.counters) == (new.seq, new.epoch, new.group_specs, new.counters)
+    assert "c" not in restored.nodes
+    probe = {0: list(range(10)), 1: list(range(100, 110))}
+    assert restored.route(probe)["nodes"] == [r for r in index.route(probe)["nodes"] if r["node_id"] != "c"]
+
+
+def test_ingest_skips_offsets_covered_by_a_restored_snapshot_and_dlqs_bad_bytes():
+    ingest = Ingest(Index(), 1 << 20)
+    ingest.applied_offset[0] = 5
+    assert ingest.handle(encode_envelope(env("a", 0, [stored([1])])), KAFKA_HEADERS, 0, 5, 0.0).outcome == SKIPPED
+    result = ingest.handle(b"\xc1", KAFKA_HEADERS, 0, 6, 0.0)
+    assert result.outcome == DLQ and result.error.kind == "not_msgpack"
+    bad_group = encode_envelope(env("a", 0, [stored([1], group=-1)]))
+    assert ingest.handle(bad_group, KAFKA_HEADERS, 0, 7, 0.0).error.kind == "invalid"
+    assert ingest.dlq_by_reason == {"not_msgpack": 1, "invalid": 1} and ingest.counters["offset_holes"] == 0
+
+
+def test_route_request_forms_and_errors():
+    assert parse_route_request({"block_hashes": {"0": [1, "0x0aff"]}}, [0, 1]) == ({0: [1, b"\x0a\xff"]}, False)
+    assert parse_route_request({"block_hashes": [1, 2]}, [0, 1]) == ({0: [1, 2], 1: [1, 2]}, True)
+    for body in ({}, [], {"block_hashes": {"g": [1]}}, {"block_hashes": {"0": [True]}}, {"block_hashes": ["0xzz"]},
+                 {"block_hashes": {"-1": [1]}}, {"block_hashes": 5}):
+        with pytest.raises(ApiError) as exc:
+            parse_route_request(body, [0])
+        assert 400 <= exc.value.status < 500
+
+
+@pytest.mark.parametrize("sql", ["SELECT 1", " with x as (select 1) select * from x", "SHOW TABLES",
+                                 "-- note\nDESCRIBE kv_events", "EXPLAIN SELECT 1;"])
+def test_read_only_sql_passes(sql):
+    assert check_sql({"sql": sql}) == sql
+
+
+@pytest.mark.parametrize("sql", ["DROP TABLE kv_events", "INSERT INTO t VALUES (1)", "SELECT 1; DROP TABLE t",
+                                 "/* SELECT */ DELETE FROM t", ""])
+def test_writing_sql_is_refused(sql):
+    with pytest.raises(ApiError):
+        check_sql({"sql": sql})
+
+
+def test_metrics_render_prometheus_text():
+    text = render_metrics({"counters": {"messages": 3}, "dlq_by_reason": {"not_msgpack": 1},
+                           "index": {"0": {"GPU": 5}}, "nodes": {"healthy": 1, "suspect": 0, "expired": 0},
+                           "freshness": {"0": {"offset": 9, "lag_s": 0.5}, "1": {"offset": 0, "lag_s": None}}})
+    assert "kvpipe_messages_total 3.0" in text
+    assert 'kvpipe_index_blocks{group="0",medium="GPU"} 5.0' in text
+    assert 'kvpipe_dlq_messages_total{reason="not_msgpack"} 1.0' in text
