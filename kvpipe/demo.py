@@ -29,7 +29,7 @@ from schemas.settings import Settings, load_settings
 NODES = [
     # node id, seed, extra flags
     ("node-a", 1, []),
-    ("node-b", 2, ["--restart-at", "150"]),
+    ("node-b", 2, ["--restart-at", "{half}"]),
     ("node-c", 3, []),
 ]
 MODEL = "full_attention:16,sliding_window:16:64,mamba:16"  # kind:block_size[:window]
@@ -50,10 +50,19 @@ def _http(url: str, body: dict | str | None = None, timeout: float = 10.0) -> di
         return json.loads(resp.read())
 
 
+_last_logged = [-1]
+
+
 def _progress(fraction: float, text: str) -> None:
+    """A redrawn bar on a terminal; on a pipe or file, one line per 10 %."""
     width = 30
     done = int(width * min(1.0, fraction))
-    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {fraction * 100:5.1f}%  {text:<60}")
+    line = f"[{'#' * done}{'.' * (width - done)}] {fraction * 100:5.1f}%  {text}"
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\r{line:<100}")
+    elif int(fraction * 10) != _last_logged[0]:
+        _last_logged[0] = int(fraction * 10)
+        sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
 
@@ -117,7 +126,8 @@ class Demo:
             prefixes = self.state / f"{node_id}-prefixes.json"
             cmd = [sys.executable, "-m", "kvpipe", "node", "--node-id", node_id, "--seed", str(seed),
                    "--steps", str(self.args.steps), "--groups", MODEL, "--rate", str(self.args.rate),
-                   "--export-prefixes", str(prefixes), "--summary-json", *extra]
+                   "--export-prefixes", str(prefixes), "--summary-json",
+                   *(a.format(half=self.args.steps // 2) for a in extra)]
             out = open(self.state / f"{node_id}.out", "w")
             err = open(self.state / f"{node_id}.log", "w")
             proc = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=err, start_new_session=True)
@@ -167,10 +177,10 @@ class Demo:
         t0 = time.monotonic()
         expected = self.args.steps * len(nodes)
         while any(p.poll() is None for _, p, _ in nodes):
-            stats = self._stats()
-            msgs = stats.get("messages", 0)
+            counters = self._stats().get("counters", {})
+            msgs = counters.get("messages", 0)
             _progress(min(msgs / max(expected, 1), 0.99),
-                      f"{time.monotonic() - t0:5.1f}s  messages {msgs}  events {stats.get('events', 0)}")
+                      f"{time.monotonic() - t0:5.1f}s  messages {msgs}  events {counters.get('events', 0)}")
             time.sleep(0.5)
         summaries = {}
         for node_id, proc, _ in nodes:
@@ -184,7 +194,7 @@ class Demo:
         deadline = time.monotonic() + timeout
         while True:
             stats = self._stats()
-            seen = stats.get("messages", 0)
+            seen = stats.get("counters", {}).get("messages", 0)
             _progress(min(seen / max(published_messages + injected, 1), 1.0), f"processor caught up {seen}")
             if seen >= published_messages + injected or time.monotonic() > deadline:
                 sys.stderr.write("\n")
@@ -214,24 +224,34 @@ class Demo:
         print("\n=== kvpipe demo summary ===")
         print(f"nodes: {len(summaries)}, steps each: {self.args.steps}, wall time {elapsed:.1f} s")
         print(f"events published: {events}  ({events / max(elapsed, 1e-9):,.0f} events/s end to end)")
-        print(f"processor: messages {stats.get('messages')}, events {stats.get('events')}, "
-              f"duplicates {stats.get('duplicates')}, gaps {stats.get('gaps')}")
-        print(f"index size per group/medium: {json.dumps(stats.get('index', {}), sort_keys=True)}")
-        print(f"dead-letter queue: {json.dumps(stats.get('dlq', {}), sort_keys=True)}")
-        ok = bool(stats.get("dlq")) and stats.get("events", 0) > 0
+        c = stats.get("counters", {})
+        print(f"processor: messages {c.get('messages')}, events {c.get('events')} "
+              f"(stored {c.get('stored')}, removed {c.get('removed')}), duplicates {c.get('duplicates')}, "
+              f"gaps {c.get('gaps')}, new epochs {c.get('new_epochs')}, lifetimes closed {c.get('lifetimes')}")
+        print(f"index size (live blocks) per group -> medium: {json.dumps(stats.get('index', {}), sort_keys=True)}")
+        print(f"dead-letter queue: {c.get('dlq', 0)} messages {json.dumps(stats.get('dlq_by_reason', {}), sort_keys=True)}")
+        ok = c.get("dlq", 0) >= 2 and c.get("events", 0) > 0
         nodes_view = _http(f"{self.base}/nodes")
         print("nodes:")
         for n in nodes_view.get("nodes", []):
-            print(f"  {n.get('node_id')}: epoch {n.get('epoch')} seq {n.get('last_seq')} "
-                  f"suspect={n.get('suspect')} blocks={n.get('blocks')}")
+            print(f"  {n.get('node_id')}: epoch {n.get('epoch')} seq {n.get('seq')} "
+                  f"suspect={n.get('suspect')} live blocks group/medium={n.get('blocks')}")
         print("route answers for the nodes' shared system prompts:")
         for node_id, _, prefixes in nodes:
             if not prefixes.exists():
                 continue
             for prompt in json.loads(prefixes.read_text())[:2]:
                 ans = _http(f"{self.base}/route", {"block_hashes": prompt["block_hashes"]})
-                ranked = [(r.get("node_id"), r.get("score")) for r in ans.get("nodes", [])[:3]]
-                print(f"  {node_id} prompt {prompt.get('name')}: {ranked}")
+                print(f"  {node_id} {prompt.get('name')} ({prompt.get('num_tokens')} tokens, "
+                      f"semantics {ans.get('semantics')}):")
+                for r in ans.get("nodes", [])[:3]:
+                    # per group: cached prefix in blocks per medium. Sparse sliding-window/Mamba caching
+                    # (vLLM's default retention) keeps only tail blocks, so their *prefix* is short.
+                    per_group = "  ".join(f"g{g}:{'/'.join(f'{m}={n}' for m, n in media.items()) or '-'}"
+                                          for g, media in r.get("prefix", {}).items())
+                    print(f"    {r.get('node_id'):<8} score {r.get('score')}  {per_group}")
+                if not ans.get("nodes"):
+                    print("    no node holds its first block")
         sql = ("SELECT group_idx, kind, count() AS events FROM kv_events FINAL "
                "GROUP BY group_idx, kind ORDER BY group_idx, kind")
         try:

@@ -32,7 +32,11 @@ async def ingest(stream) -> None:
         if result.outcome == DLQ:
             await send_to_dlq(msg, result.error)
         elif result.outcome == APPLIED and runtime.sink is not None:
-            submit_rows(result, msg.partition, msg.offset)
+            try:
+                submit_rows(result, msg.partition, msg.offset)
+            except Exception:  # the store is down or overflowing: the index must keep going
+                runtime.analytics_errors += 1
+                log.exception("analytics rows of %s/%s offset %s were not queued", msg.topic, msg.partition, msg.offset)
 
 
 async def send_to_dlq(msg, error: DecodeError) -> None:
@@ -58,7 +62,11 @@ async def expire_silent_nodes() -> None:
     for p in list(runtime.ingest.applied_offset):
         closed = runtime.index.expire(partition_now(p, now), settings.node_ttl_s, partition=p)
         if closed and runtime.sink is not None:
-            runtime.sink.submit([], closed)
+            try:
+                runtime.sink.submit([], closed)
+            except Exception:
+                runtime.analytics_errors += 1
+                log.exception("lifetimes of expired nodes were not queued")
 
 
 def partition_now(partition: int, now: float) -> float:
@@ -81,14 +89,19 @@ def owned_partitions() -> list[int]:
 
 
 async def flush_side_effects() -> None:
-    await app.producer.flush()  # DLQ messages
-    if runtime.sink is not None:
-        await asyncio.to_thread(runtime.sink.flush)
+    """Make DLQ messages and analytics rows durable before a snapshot claims their offsets; a
+    snapshot that cannot be backed is not written (the previous one stays valid)."""
+    await app.producer.flush()
+    if runtime.sink is not None and not await asyncio.to_thread(runtime.sink.flush, 30.0):
+        raise RuntimeError("analytics rows not written within 30 s")
 
 
 @app.timer(interval=settings.snapshot_every_s)
 async def snapshot_partitions() -> None:
-    await runtime.durability.snapshot(snapshot_topic, owned_partitions(), flush_side_effects)
+    try:
+        await runtime.durability.snapshot(snapshot_topic, owned_partitions(), flush_side_effects)
+    except Exception:
+        log.exception("periodic snapshot failed; a restart replays from the previous one")
 
 
 # Faust runs its recovery (which ends in on_rebalance_complete, its seek to the committed offsets

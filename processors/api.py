@@ -5,9 +5,9 @@ without a server. Bad input raises `ApiError` (→ a 4xx JSON body `{"error", "d
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from processors.analytics.sqlguard import check_read_only
 from processors.index import Index
 from schemas.events import ExternalHash
 
@@ -71,20 +71,16 @@ def _parse_list(values: list, where: str) -> list[ExternalHash]:
     return [parse_hash(v, f"{where}[{i}]") for i, v in enumerate(values)]
 
 
-_READ_ONLY = re.compile(r"^\s*(SELECT|WITH|SHOW|DESCRIBE|DESC|EXPLAIN)\b", re.IGNORECASE)
-
-
 def check_sql(body: Any) -> str:
-    """The statement of a `/sql` request, if it is read-only (a coarse gate: the sink's query
-    function runs it with readonly settings as well)."""
+    """The statement of a `/sql` request, if it is one read-only statement (the sink runs it with
+    `readonly=1` as well; `analytics.sqlguard` is the one place the rule lives)."""
     sql = body.get("sql") if isinstance(body, dict) else None
     if not isinstance(sql, str) or not sql.strip():
         raise ApiError(400, "bad sql request", 'expected a JSON object {"sql": "SELECT ..."}')
-    statement = re.sub(r"(--[^\n]*\n|/\*.*?\*/)", " ", sql, flags=re.DOTALL)
-    if not _READ_ONLY.match(statement):
-        raise ApiError(403, "statement not allowed", "only SELECT, WITH, SHOW, DESCRIBE and EXPLAIN are accepted")
-    if ";" in statement.strip().rstrip(";"):
-        raise ApiError(403, "statement not allowed", "one statement per request")
+    try:
+        check_read_only(sql)
+    except ValueError as exc:
+        raise ApiError(403, "statement not allowed", str(exc)) from None
     return sql
 
 

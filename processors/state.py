@@ -30,6 +30,7 @@ class Runtime:
         self.analytics_status = "disabled"
         self.started = time.time()
         self.agent_errors = 0
+        self.analytics_errors = 0
 
     def start_sink(self) -> None:
         if not Options.analytics:
@@ -53,7 +54,8 @@ def collect_stats(rt: Runtime, highwater) -> dict:
     """Everything `/stats` and `/metrics` report. `highwater(partition)` → end offset or None."""
     now = time.time()
     ing = rt.ingest
-    counters = {**rt.index.counters, **ing.counters, "agent_errors": rt.agent_errors}
+    counters = {**rt.index.counters, **ing.counters, "agent_errors": rt.agent_errors,
+                "analytics_errors": rt.analytics_errors}
     nodes = rt.index.nodes.values()
     freshness = {}
     for p, offset in sorted(ing.applied_offset.items()):
