@@ -12,10 +12,13 @@ fi
 key=$( { cat "$here/requirements.lock"; "$py" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-16)
 cache=${KVPIPE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvpipe}
 venv="$cache/venv-$key"
+mkdir -p "$cache"
+# One builder at a time: a second `make` waits for the first instead of deleting its half-built venv.
+exec 9>"$cache/.venv-$key.lock"
+flock 9
 if [ ! -f "$venv/.kvpipe-complete" ]; then
   # A half-built venv (interrupted install) is rebuilt from scratch rather than trusted.
   rm -rf "$venv"
-  mkdir -p "$cache"
   echo "kvpipe: creating venv $venv (first run downloads torch; later runs reuse it)" >&2
   "$py" -m venv "$venv" >&2
   "$venv/bin/python" -m pip install -q --upgrade pip >&2
