@@ -114,43 +114,27 @@ class LegacyKVEventBatch(EventBatch):
     events: list[LegacyEvent]
 
 
+_LEGACY_STORED_FIELDS = LegacyBlockStored.__struct_fields__
+_LEGACY_REMOVED_FIELDS = LegacyBlockRemoved.__struct_fields__
+
+
+def _copy(event: msgspec.Struct, target: type, fields: tuple[str, ...]):
+    return target(**{name: getattr(event, name) for name in fields})
+
+
 def from_legacy(event: LegacyEvent) -> Event:
     """The modern struct carrying the same information as a legacy array event."""
     if isinstance(event, LegacyBlockStored):
-        return BlockStored(
-            block_hashes=event.block_hashes,
-            parent_block_hash=event.parent_block_hash,
-            token_ids=event.token_ids,
-            block_size=event.block_size,
-            lora_id=event.lora_id,
-            medium=event.medium,
-            lora_name=event.lora_name,
-            extra_keys=event.extra_keys,
-            group_idx=event.group_idx,
-            kv_cache_spec_kind=event.kv_cache_spec_kind,
-            kv_cache_spec_sliding_window=event.kv_cache_spec_sliding_window,
-        )
+        return _copy(event, BlockStored, _LEGACY_STORED_FIELDS)
     if isinstance(event, LegacyBlockRemoved):
-        return BlockRemoved(block_hashes=event.block_hashes, medium=event.medium, group_idx=event.group_idx)
+        return _copy(event, BlockRemoved, _LEGACY_REMOVED_FIELDS)
     return AllBlocksCleared()
 
 
 def to_legacy(event: Event) -> LegacyEvent:
     """The array-layout form of a modern event (fields newer than 0.23 are dropped)."""
     if isinstance(event, BlockStored):
-        return LegacyBlockStored(
-            block_hashes=event.block_hashes,
-            parent_block_hash=event.parent_block_hash,
-            token_ids=event.token_ids,
-            block_size=event.block_size,
-            lora_id=event.lora_id,
-            medium=event.medium,
-            lora_name=event.lora_name,
-            extra_keys=event.extra_keys,
-            group_idx=event.group_idx,
-            kv_cache_spec_kind=event.kv_cache_spec_kind,
-            kv_cache_spec_sliding_window=event.kv_cache_spec_sliding_window,
-        )
+        return _copy(event, LegacyBlockStored, _LEGACY_STORED_FIELDS)
     if isinstance(event, BlockRemoved):
-        return LegacyBlockRemoved(block_hashes=event.block_hashes, medium=event.medium, group_idx=event.group_idx)
+        return _copy(event, LegacyBlockRemoved, _LEGACY_REMOVED_FIELDS)
     return LegacyAllBlocksCleared()

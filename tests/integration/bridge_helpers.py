@@ -6,7 +6,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from tests.integration.kafka_reading import consume
 
 from producer.bridge.dlq import KafkaDeadLetters
 from producer.bridge.runner import Bridge, BridgeConfig
@@ -17,21 +17,6 @@ from schemas.envelope import Envelope, GroupSpec
 from schemas.settings import load_settings
 
 GROUPS = [GroupSpec(0, "full_attention", 16), GroupSpec(1, "sliding_window", 16, sliding_window=64)]
-
-
-def consume(bootstrap: str, topic: str, count: int, partitions: int = 1, timeout: float = 20.0) -> list[Message]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-    out: list[Message] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(out) < count and time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is not None and msg.error() is None:
-                out.append(msg)
-    finally:
-        consumer.close()
-    return out
 
 
 def batches_on(bootstrap: str, topic: str, count: int, partitions: int = 1) -> list[Envelope]:

@@ -6,9 +6,9 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from producer.publisher import Publisher
+from tests.integration.kafka_reading import consume
 from schemas.codec import KAFKA_HEADERS, decode_envelope, encode_vllm_batch, envelope_events
 from schemas.envelope import Envelope, GroupSpec, HashConfig
 from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -30,22 +30,6 @@ def step(i: int) -> list:
                     extra_keys=[None, None], group_idx=0, kv_cache_spec_kind="full_attention"),
         BlockRemoved([i * 10 + 1], "GPU", group_idx=1),
     ]
-
-
-def consume(bootstrap: str, topic: str, count: int, timeout: float = 20.0) -> list[Message]:
-    """The first `count` messages of partition 0 (fewer if the timeout passes)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-    out: list[Message] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(out) < count and time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is not None and msg.error() is None:
-                out.append(msg)
-    finally:
-        consumer.close()
-    return out
 
 
 def envelopes(bootstrap: str, topic: str, count: int) -> list[Envelope]:
