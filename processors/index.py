@@ -166,6 +166,10 @@ class Index:
             node.model = env.model
         if env.dp_rank is not None:
             node.dp_rank = env.dp_rank
+        if env.spec_mismatches:
+            # a gauge, not a sum: the bridge reports its latest count; kept in counters so /nodes and
+            # snapshots carry it without a schema of their own
+            node.counters["spec_mismatches"] = env.spec_mismatches
         if env.dropped:
             node.counters["dropped_events"] += env.dropped
             counters["dropped_events"] += env.dropped

@@ -194,6 +194,13 @@ class Publisher:
         """The next envelope (after the steps already queued) carries these specs."""
         self._control(_Specs(list(specs), hash_config))
 
+    def set_spec_mismatches(self, count: int) -> None:
+        """Every envelope from now on reports `count` declared-vs-observed spec contradictions.
+
+        A plain int store read by the sender thread (atomic in CPython); unlike specs it need not be
+        ordered with the queued steps, since it describes the node, not one step."""
+        self._seq.spec_mismatches = count
+
     def counters(self) -> dict[str, int]:
         in_flight = len(self._producer)
         return {

@@ -63,6 +63,7 @@ class Sequencer:
         self._specs_sent_at: float | None = None
         self._dropped_reported = dropped_base
         self._dropped_extra = 0  # events lost after stamping (unstamp), reported on the next envelope
+        self.spec_mismatches = 0  # sticky: every envelope reports the latest count (set by the bridge)
 
     # -- control ---------------------------------------------------------------------------------
 
@@ -131,6 +132,7 @@ class Sequencer:
             source=self.source,
             upstream_seq=upstream_seq,
             layout=layout,
+            spec_mismatches=self.spec_mismatches,
         )
         self.next_seq += 1
         return env

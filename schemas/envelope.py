@@ -82,6 +82,9 @@ class Envelope(msgspec.Struct, omit_defaults=True):
     source: str = "kvpipe"  # "kvpipe" (our GPU side) | "vllm-bridge"
     upstream_seq: int | None = None  # the vLLM ZMQ seq of this batch, when bridged
     layout: str = "map"  # "map" (vLLM >= 0.24 events) | "array" (vLLM <= 0.23 events)
+    # Added in v1 (additive): distinct contradictions between the declared group specs and what the
+    # node's own events say (kind, block size, window), cumulative for the epoch. Bridge-filled.
+    spec_mismatches: int = 0
 
     def __post_init__(self) -> None:
         # omit_defaults compares by identity for Raw: an *equal* empty Raw would be written as a key

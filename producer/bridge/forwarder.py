@@ -168,7 +168,10 @@ class Forwarder:
 
     def _forward(self, seq: int, payload: bytes, batch: KVEventBatch, layout: str) -> None:
         if self.specs.observe(batch.events):
-            self.counters.spec_mismatches = len(self.specs.mismatches)
+            if self.counters.spec_mismatches != len(self.specs.mismatches):
+                self.counters.spec_mismatches = len(self.specs.mismatches)
+                # the processor shows it in /nodes: operators see it without reading bridge logs
+                self.publisher.set_spec_mismatches(self.counters.spec_mismatches)
             self.publisher.set_group_specs(self.specs.group_specs() or [], self.specs.hash_config)
         n = len(batch.events)
         ok = self.publisher.publish_raw(

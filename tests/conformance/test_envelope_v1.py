@@ -52,3 +52,12 @@ def test_an_older_writer_without_optional_fields_gets_defaults():
     env = decode_envelope(minimal)
     assert (env.dropped, env.lost_batches, env.source, env.layout, env.is_heartbeat) == (0, 0, "kvpipe", "map", True)
     assert isinstance(env, Envelope)
+
+
+def test_spec_mismatches_is_an_additive_v1_field_older_vectors_default_to_zero():
+    env = decode_envelope(bytes.fromhex(GOLDEN["v1_added_spec_mismatches"]))
+    assert (env.spec_mismatches, env.source, env.upstream_seq) == (2, "vllm-bridge", 77)
+    assert decode_envelope(bytes.fromhex(GOLDEN["v1_bridged_with_loss"])).spec_mismatches == 0
+    # and a reader that predates the field simply ignores the key
+    generic = msgspec.msgpack.decode(bytes.fromhex(GOLDEN["v1_added_spec_mismatches"]))
+    assert generic["spec_mismatches"] == 2 and list(generic)[-1] == "spec_mismatches"

@@ -202,3 +202,13 @@ def test_bytes_hashes_work_like_ints():
     h1, h2 = bytes(32), b"\x01" * 32
     Feed(index).send(stored([h1, h2]))
     assert prefix(index, "n1", [h1, h2]) == 2
+
+
+def test_spec_mismatches_reported_by_a_bridge_are_kept_per_node_as_the_latest_count():
+    index = Index()
+    feed = Feed(index, node="vllm/dp0")
+    feed.send(stored([1]), spec_mismatches=1)
+    feed.send(stored([2]), spec_mismatches=2)
+    feed.send(stored([3]))  # an envelope without the field keeps the last known count
+    assert index.nodes["vllm/dp0"].counters["spec_mismatches"] == 2
+    assert "spec_mismatches" not in index.counters  # a per-node gauge, not an index-wide sum

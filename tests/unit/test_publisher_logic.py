@@ -118,3 +118,13 @@ def test_a_heartbeat_encodes_without_a_batch_key() -> None:
         data = msgspec.msgpack.encode(env)
         assert b"batch" not in data
         assert msgspec.msgpack.decode(data, type=type(env)).is_heartbeat
+
+
+def test_spec_mismatch_count_rides_on_every_later_envelope():
+    from producer.sequencer import Sequencer
+
+    seq = Sequencer("n", 1, model=None, dp_rank=0, source="vllm-bridge", specs_every_s=30.0,
+                    group_specs=None, hash_config=None, dropped_base=0)
+    assert seq.stamp(ts=1.0, sent_ts=1.0, mono=1.0, dropped_total=0).spec_mismatches == 0
+    seq.spec_mismatches = 3
+    assert [seq.stamp(ts=t, sent_ts=t, mono=t, dropped_total=0).spec_mismatches for t in (2.0, 3.0)] == [3, 3]

@@ -25,6 +25,7 @@ class RecordingPublisher:
     epoch: int = 1
     specs: list = field(default_factory=list)
     accept: bool = True
+    spec_mismatches: int = 0
 
     def publish_raw(self, payload, *, num_events, ts, layout="map", upstream_seq=None, lost_batches=0, dp_rank=None):
         if self.accept:
@@ -37,6 +38,9 @@ class RecordingPublisher:
 
     def set_group_specs(self, specs, hash_config=None):
         self.specs.append((specs, hash_config))
+
+    def set_spec_mismatches(self, count):
+        self.spec_mismatches = count
 
     def close(self, timeout=0.0):
         pass

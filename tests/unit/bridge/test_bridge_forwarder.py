@@ -174,6 +174,7 @@ def test_spec_mismatch_is_counted_once_and_the_events_win():
     for s in range(3):
         feed(fwd, None, s)
     assert fwd.counters.spec_mismatches == 2  # kind and window
+    assert pub.spec_mismatches == 2  # and every envelope from now on says so
     assert len(pub.specs) == 1
     (group,) = pub.specs[0][0]
     assert (group.kind, group.block_size, group.sliding_window) == ("full_attention", 4, None)
