@@ -30,7 +30,8 @@ NODES = [
     # node id, seed, extra flags
     ("node-a", 1, []),
     ("node-b", 2, ["--restart-at", "{half}"]),
-    ("node-c", 3, []),
+    # node-c serves another tenant: other system prompts, so routing has a real choice to make
+    ("node-c", 3, ["--prompt-seed", "7"]),
 ]
 MODEL = "full_attention:16,sliding_window:16:64,mamba:16"  # kind:block_size[:window]
 
@@ -236,33 +237,48 @@ class Demo:
         for n in nodes_view.get("nodes", []):
             print(f"  {n.get('node_id')}: epoch {n.get('epoch')} seq {n.get('seq')} "
                   f"suspect={n.get('suspect')} live blocks group/medium={n.get('blocks')}")
-        print("route answers for the nodes' shared system prompts:")
+        print("route answers (ranked on the full-attention group, g0) for system prompts of two tenants:")
+        seen_prompts: set[tuple] = set()
         for node_id, _, prefixes in nodes:
             if not prefixes.exists():
                 continue
             for prompt in json.loads(prefixes.read_text())[:2]:
-                ans = _http(f"{self.base}/route", {"block_hashes": prompt["block_hashes"]})
-                print(f"  {node_id} {prompt.get('name')} ({prompt.get('num_tokens')} tokens, "
-                      f"semantics {ans.get('semantics')}):")
-                for r in ans.get("nodes", [])[:3]:
-                    # per group: cached prefix in blocks per medium. Sparse sliding-window/Mamba caching
-                    # (vLLM's default retention) keeps only tail blocks, so their *prefix* is short.
+                key = tuple(prompt["block_hashes"]["0"])
+                if key in seen_prompts:
+                    continue
+                seen_prompts.add(key)
+                ranked = _http(f"{self.base}/route", {"block_hashes": {"0": prompt["block_hashes"]["0"]}})
+                every = {r["node_id"]: r for r in _http(f"{self.base}/route", {"block_hashes": prompt["block_hashes"]})
+                         .get("nodes", [])}
+                print(f"  {prompt.get('name')} as served by {node_id} ({prompt.get('num_tokens')} tokens, "
+                      f"{len(key)} full-attention blocks; semantics {ranked.get('semantics')}):")
+                for r in ranked.get("nodes", [])[:3]:
+                    # all groups: sparse sliding-window/Mamba caching (vLLM's default retention 0) keeps
+                    # only tail blocks, so their *prefix* is short; exact hybrid hits are a later step
                     per_group = "  ".join(f"g{g}:{'/'.join(f'{m}={n}' for m, n in media.items()) or '-'}"
-                                          for g, media in r.get("prefix", {}).items())
-                    print(f"    {r.get('node_id'):<8} score {r.get('score')}  {per_group}")
-                if not ans.get("nodes"):
+                                          for g, media in every.get(r["node_id"], {}).get("prefix", {}).items())
+                    print(f"    {r.get('node_id'):<8} prefix {r.get('score')} blocks (GPU {r.get('gpu_score')})"
+                          f"   per group: {per_group}")
+                if not ranked.get("nodes"):
                     print("    no node holds its first block")
-        sql = ("SELECT group_idx, kind, count() AS events FROM kv_events FINAL "
-               "GROUP BY group_idx, kind ORDER BY group_idx, kind")
-        try:
-            result = _http(f"{self.base}/sql", {"sql": sql}, timeout=30)
-            print(f"analytics (ClickHouse): {sql}")
+        queries = [
+            "SELECT group_idx, kind, count() AS events, sum(num_blocks) AS blocks FROM kv_events_final "
+            "GROUP BY group_idx, kind ORDER BY group_idx, kind",
+            (Path(__file__).resolve().parent.parent / "infra/clickhouse/queries/swa_fa_eviction_ratio.sql").read_text(),
+        ]
+        for sql in queries:
+            try:
+                result = _http(f"{self.base}/sql", {"sql": sql}, timeout=30)
+            except urllib.error.HTTPError as exc:
+                print(f"analytics query failed: {exc.read().decode(errors='replace')}")
+                return 1
+            title = next((line[len("-- title:"):].strip() for line in sql.splitlines()
+                          if line.startswith("-- title:")), sql)
+            print(f"analytics (ClickHouse): {title}")
+            print(f"  {result.get('columns')}")
             for row in result.get("rows", []):
                 print(f"  {row}")
             ok = ok and bool(result.get("rows"))
-        except urllib.error.HTTPError as exc:
-            print(f"analytics query failed: {exc.read().decode(errors='replace')}")
-            ok = False
         return 0 if ok else 1
 
 

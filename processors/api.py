@@ -84,6 +84,21 @@ def check_sql(body: Any) -> str:
     return sql
 
 
+def sql_params(body: Any) -> dict[str, int | float | str]:
+    """The optional `"params"` of a `/sql` request: values for ClickHouse's server-side binding
+    (`{name:Type}` in the statement), so saved queries run through the processor unchanged and no
+    value is ever spliced into SQL text."""
+    params = body.get("params") if isinstance(body, dict) else None
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise ApiError(400, "bad sql params", 'expected {"params": {"<name>": <int, float or string>}}')
+    for name, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ApiError(400, "bad sql params", f"params[{name!r}] is {value!r}; expected an int, float or string")
+    return params
+
+
 def node_rows(index: Index, now: float) -> list[dict]:
     rows = []
     for node in sorted(index.nodes.values(), key=lambda n: n.node_id):

@@ -5,8 +5,6 @@ import argparse
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from typing import Any
 
 from schemas.settings import SettingsError, load_settings
@@ -53,13 +51,9 @@ def _base_url(url: str | None) -> str:
 
 
 def _post(url: str, body: Any, timeout: float = 30.0) -> tuple[int, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
+    from processors.sqlclient import post_json
+
+    return post_json(url, body, timeout)
 
 
 def _hash_arg(text: str) -> int | str:
@@ -107,41 +101,64 @@ def _print_table(result: dict) -> None:
 
 def main_sql(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvpipe sql", description=(
-        "Run a read-only query on the analytics store: embedded chDB through the running processor "
-        "(the only process that may open it), a ClickHouse server (http/https DSN) directly."))
-    parser.add_argument("sql", help="SELECT / WITH / SHOW / DESCRIBE / EXPLAIN statement")
-    parser.add_argument("--json", action="store_true", help="print {columns, rows} as JSON")
-    parser.add_argument("--url", help="processor base URL (embedded mode)")
+        "Run a read-only query on the analytics store, or write the capacity-planning report: "
+        "embedded chDB is read through the running processor (the only process that may open it), "
+        "a ClickHouse server (http/https DSN) directly."))
+    parser.add_argument("sql", nargs="?", help="SELECT / WITH / SHOW / DESCRIBE / EXPLAIN statement")
+    parser.add_argument("--json", action="store_true", help="print {columns, types, rows} as JSON")
+    parser.add_argument("--report", metavar="OUT_DIR",
+                        help="instead of a statement: run every saved query, write OUT_DIR/report.md and SVG plots")
+    parser.add_argument("--url", help="processor base URL (embedded mode; default: http://<web_host>:<web_port>)")
     args = parser.parse_args(argv)
+    if (args.sql is None) == (args.report is None):
+        parser.error("give either a statement or --report OUT_DIR")
     from processors.api import ApiError, check_sql
 
+    if args.sql is not None:
+        try:  # checked here too, so a write is refused with a clear reason even when no store answers
+            check_sql({"sql": args.sql})
+        except ApiError as exc:
+            print(f"kvpipe sql: {exc.error}: {exc.detail}", file=sys.stderr)
+            return 2
     try:
-        check_sql({"sql": args.sql})
-    except ApiError as exc:
-        print(f"kvpipe sql: {exc.error}: {exc.detail}", file=sys.stderr)
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"kvpipe sql: {exc}", file=sys.stderr)
         return 2
-    settings = load_settings()
     dsn = settings.clickhouse()
-    if dsn.startswith(("http://", "https://")):
-        from processors.analytics.sink import AnalyticsSink
+    server = dsn.startswith(("http://", "https://"))
+    where = dsn if server else _base_url(args.url)
+    target, close = _sql_target(dsn, args.url)
+    try:
+        if args.report is not None:
+            from processors.analytics.report import build_report
 
-        sink = AnalyticsSink(dsn)
-        try:
-            result = sink.query(args.sql)
-        finally:
-            sink.close()
-    else:
-        try:
-            status, result = _post(_base_url(args.url) + "/sql", {"sql": args.sql})
-        except OSError as exc:
-            print(f"kvpipe sql: the embedded store is read through the running processor, and none answers at "
-                  f"{_base_url(args.url)} ({exc}); start one with `kvpipe processor`", file=sys.stderr)
-            return 1
-        if status != 200:
-            print(f"kvpipe sql: {result.get('error')}: {result.get('detail')}", file=sys.stderr)
-            return 1
+            print(build_report(target, args.report))
+            return 0
+        result = target.query(args.sql) if server else target(args.sql)
+    except OSError as exc:
+        hint = "" if server else "; the embedded store is read through the running processor: start one with `kvpipe processor`"
+        print(f"kvpipe sql: nothing answers at {where} ({exc}){hint}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # the store's (or processor's) reason is what the analyst needs
+        print(f"kvpipe sql: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        close()
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(result, default=str))
     else:
         _print_table(result)
     return 0
+
+
+def _sql_target(dsn: str, url: str | None) -> tuple[Any, Any]:
+    """`(target for saved.run_sql, close)`: a read-only sink on a server DSN, else the processor's /sql."""
+    if dsn.startswith(("http://", "https://")):
+        from processors.analytics.sink import AnalyticsSink
+
+        sink = AnalyticsSink(dsn)  # query() without start(): no migrations, no writer thread
+        return sink, sink.close
+    from processors.sqlclient import ProcessorSql
+
+    return ProcessorSql(_base_url(url)), lambda: None

@@ -9,7 +9,7 @@ from typing import Any
 from faust import web
 from faust.types import TP
 
-from processors.api import ApiError, check_sql, node_rows, parse_route_request, render_metrics
+from processors.api import ApiError, check_sql, node_rows, parse_route_request, render_metrics, sql_params
 from processors.app import app, settings
 from processors.state import collect_stats, runtime
 
@@ -67,13 +67,14 @@ class Metrics(web.View):
 class Sql(web.View):
     async def post(self, request: web.Request) -> web.Response:
         try:
-            sql = check_sql(await _json_body(request))
+            body = await _json_body(request)
+            sql, params = check_sql(body), sql_params(body)
         except ApiError as exc:
             return _error(self, exc)
         if runtime.sink is None:
             return _error(self, ApiError(503, "analytics disabled", runtime.analytics_status))
         try:
-            result = await asyncio.to_thread(runtime.sink.query, sql)
+            result = await asyncio.to_thread(runtime.sink.query, sql, params or None)
         except Exception as exc:  # the engine's message tells the analyst what is wrong with the query
             return _error(self, ApiError(400, "query failed", str(exc)))
         return self.bytes(json.dumps(result, default=_jsonable).encode(), content_type="application/json")

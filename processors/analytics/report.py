@@ -1,8 +1,9 @@
 """Capacity-planning report: every saved query as a Markdown table, the key ones also as SVG plots.
 
-`build_report(sink_or_client, out_dir)` writes `out_dir/report.md` and one `.svg` per plot next to
-it, and returns the report's path. It only reads (through `saved.run_query`), so it can run against
-a live processor's sink.
+`build_report(target, out_dir)` writes `out_dir/report.md` and one `.svg` per plot next to it, and
+returns the report's path. It only reads (through `saved.run_query`), so `target` may be a live
+processor's sink, a clickhouse-connect client, or a `saved.QueryFn` — `kvpipe sql --report` passes
+one that reads through a running processor's `/sql`, since only the processor may open embedded chDB.
 """
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def _table(result: dict) -> list[str]:
 
 
 def build_report(target: Any, out_dir: str | Path) -> Path:
-    """Write the report for an AnalyticsSink or clickhouse-connect client; returns report.md's path."""
+    """Write the report for an AnalyticsSink, clickhouse-connect client or `saved.QueryFn`; returns
+    report.md's path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import msgspec
 
@@ -78,10 +78,17 @@ def list_queries(directory: Path | None = None) -> list[SavedQuery]:
     return [load_query(p.stem, directory) for p in sorted((directory or QUERIES_DIR).glob("*.sql"))]
 
 
+# A query function: `(sql, parameters) -> {"columns", "types", "rows"}`, for readers that cannot
+# open the store themselves (`kvpipe sql` reads embedded chDB through the processor's /sql).
+QueryFn = Callable[[str, dict], dict]
+
+
 def run_sql(target: Any, sql: str, parameters: Mapping[str, Any] | None = None) -> dict:
-    """Run on an AnalyticsSink (read-only, locked) or a bare clickhouse-connect client."""
+    """Run on an AnalyticsSink (read-only, locked), a bare clickhouse-connect client, or a `QueryFn`."""
     if hasattr(target, "submit"):
         return target.query(sql, dict(parameters or {}))
+    if not hasattr(target, "query") and callable(target):
+        return target(sql, dict(parameters or {}))
     result = target.query(sql, parameters=dict(parameters or {}))
     return {"columns": list(result.column_names), "types": [t.name for t in result.column_types],
             "rows": [list(r) for r in result.result_rows]}

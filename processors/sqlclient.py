@@ -1,0 +1,69 @@
+"""Read-only SQL through a running processor's `POST /sql`, as a `saved.QueryFn`.
+
+Embedded chDB lets one process open the store, and the processor is that process; so `kvpipe sql`
+(queries and `--report`) reads through it. The answer is JSON, which turns DateTime values into
+strings; they are turned back here by the column types the processor reports, so callers (the
+report's plots) get the same values as from an `AnalyticsSink` in process.
+"""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from datetime import datetime
+from typing import Any
+
+
+class SqlError(RuntimeError):
+    """The processor answered, and refused or failed the statement (`error`, `detail` as it said)."""
+
+    def __init__(self, status: int, error: str, detail: Any) -> None:
+        super().__init__(f"{error}: {detail}")
+        self.status, self.error, self.detail = status, error, detail
+
+
+def post_json(url: str, body: Any, timeout: float = 60.0) -> tuple[int, Any]:
+    """POST JSON, return `(status, decoded body)`; 4xx/5xx are answers, not exceptions. Raises
+    OSError when nothing answers at `url`."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw or b"{}")
+        except ValueError:
+            return exc.code, {"error": f"HTTP {exc.code}", "detail": raw[:200].decode(errors="replace")}
+
+
+def _is_datetime(type_name: str) -> bool:
+    return type_name.removeprefix("Nullable(").startswith("DateTime")
+
+
+def _decode(result: dict) -> dict:
+    for col, type_name in enumerate(result.get("types", [])):
+        if _is_datetime(type_name):
+            for row in result["rows"]:
+                if isinstance(row[col], str):
+                    row[col] = datetime.fromisoformat(row[col])
+    return result
+
+
+class ProcessorSql:
+    """`(sql, params) -> {"columns", "types", "rows"}` answered by the processor at `base_url`."""
+
+    def __init__(self, base_url: str, timeout: float = 60.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+
+    def __call__(self, sql: str, params: dict | None = None) -> dict:
+        body: dict[str, Any] = {"sql": sql}
+        if params:
+            body["params"] = params
+        status, answer = post_json(self.base_url + "/sql", body, self.timeout)
+        if status != 200:
+            answer = answer if isinstance(answer, dict) else {}
+            raise SqlError(status, str(answer.get("error", f"HTTP {status}")), answer.get("detail"))
+        return _decode(answer)
