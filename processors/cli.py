@@ -51,7 +51,7 @@ def _base_url(url: str | None) -> str:
 
 
 def _post(url: str, body: Any, timeout: float = 30.0) -> tuple[int, Any]:
-    from processors.sqlclient import post_json
+    from processors.remote import post_json
 
     return post_json(url, body, timeout)
 
@@ -70,8 +70,11 @@ def main_route(argv: list[str]) -> int:
     parser.add_argument("--url", help="processor base URL (default: http://<web_host>:<web_port> from the settings)")
     args = parser.parse_args(argv)
     if args.file:
-        with open(args.file) as f:
-            body = json.load(f)
+        try:
+            with open(args.file) as f:
+                body = json.load(f)
+        except (OSError, ValueError) as exc:
+            parser.error(f"--file {args.file}: {exc}")
     else:
         try:
             hashes = [_hash_arg(h) for h in args.hashes.split(",") if h.strip()]
@@ -84,8 +87,11 @@ def main_route(argv: list[str]) -> int:
         print(f"kvpipe route: no processor answers at {_base_url(args.url)} ({exc}); start one with `kvpipe processor`",
               file=sys.stderr)
         return 1
+    if status != 200:
+        print(f"kvpipe route: {answer.get('error')}: {answer.get('detail')}", file=sys.stderr)
+        return 1
     print(json.dumps(answer, indent=2))
-    return 0 if status == 200 else 1
+    return 0
 
 
 def _print_table(result: dict) -> None:
@@ -159,6 +165,6 @@ def _sql_target(dsn: str, url: str | None) -> tuple[Any, Any]:
 
         sink = AnalyticsSink(dsn)  # query() without start(): no migrations, no writer thread
         return sink, sink.close
-    from processors.sqlclient import ProcessorSql
+    from processors.remote import ProcessorSql
 
     return ProcessorSql(_base_url(url)), lambda: None

@@ -1,4 +1,4 @@
-"""The simulated serving node behind `kvpipe node` (issue item 7).
+"""The simulated serving node behind `kvpipe node`.
 
 workload (what clients send) -> scheduler (budget, chunked prefill, decode, admission,
 preemption over `gpu.kv_cache_manager`) -> kv_compute (deterministic bytes in real KV tensors)
