@@ -20,8 +20,10 @@ log = logging.getLogger(__name__)
 
 @app.agent(events_topic, name="kvpipe-ingest")
 async def ingest(stream) -> None:
-    async for event in stream.events():
-        msg = event.message
+    # Iterating the stream itself, not `stream.events()`: that wrapper is one more async
+    # generator hop per message (~6% of the worker); the event is `stream.current_event`.
+    async for _ in stream:
+        msg = stream.current_event.message
         try:
             result = runtime.ingest.handle(msg.value, msg.headers, msg.partition, msg.offset, time.time())
         except Exception as exc:  # a bug, not bad input: keep the message, keep going

@@ -55,6 +55,8 @@ def _plot(name: str, rows: list[dict], title: str) -> str | None:
 
 
 def _cell(v: Any) -> str:
+    if v is None:  # SQL NULL (e.g. a ratio over zero)
+        return ""
     if isinstance(v, float):
         return "" if math.isnan(v) else f"{v:.4g}"
     if isinstance(v, datetime):

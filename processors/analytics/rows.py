@@ -20,6 +20,7 @@ from schemas.envelope import Envelope
 from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, ExternalHash
 
 U64_MASK = (1 << 64) - 1
+U32_MASK = (1 << 32) - 1
 
 KIND_STORED = "stored"
 KIND_REMOVED = "removed"
@@ -83,7 +84,7 @@ class LifetimeRow(msgspec.Struct, gc=False):
     reason: str  # REASON_EVICTED | REASON_CLEARED | REASON_NODE_EXPIRED
     partition: int
     offset: int
-    idx: int
+    idx: int  # -1: ended before the message's events (a new epoch's clear, a node expiry); see lifetime_columns
     copy_idx: int = 0  # set by the sink (number_copies); see there
 
 
@@ -211,6 +212,9 @@ def lifetime_columns(rows: list[LifetimeRow]) -> list[list]:
         [r.reason for r in rows],
         [r.partition for r in rows],
         [r.offset for r in rows],
-        [r.idx for r in rows],
+        # event_idx is UInt32 (the DDL is applied): idx -1 is stored as 2^32-1, still distinct from
+        # every real event index. Written as -1, the insert failed and the sink dropped every
+        # new-epoch and node-expiry lifetime (found by tests/fault/test_processor_kill_analytics).
+        [r.idx & U32_MASK for r in rows],
         [r.copy_idx for r in rows],
     ]

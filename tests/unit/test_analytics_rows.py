@@ -126,3 +126,11 @@ def test_writes_are_rejected_naming_the_statement(sql, says):
 def test_statements_split_on_semicolons_outside_literals_and_comments():
     assert split_statements("CREATE TABLE a (x String DEFAULT ';');\n-- done;\nCREATE VIEW b AS SELECT 1;\n") == [
         "CREATE TABLE a (x String DEFAULT ';')", "-- done;\nCREATE VIEW b AS SELECT 1"]
+
+
+def test_a_lifetime_ended_before_the_events_fits_the_unsigned_event_idx_column():
+    # A new epoch's clear (and a node expiry) ends lifetimes "before event 0": idx -1.
+    rows = [LifetimeRow("n", 1, 0, "GPU", 9, 1.0, 4.0, "cleared", 0, 10, -1),
+            LifetimeRow("n", 1, 0, "GPU", 9, 1.0, 4.0, "cleared", 0, 10, 0)]
+    cols = dict(zip(LIFETIME_COLUMNS, lifetime_columns(rows)))
+    assert cols["event_idx"] == [2**32 - 1, 0]

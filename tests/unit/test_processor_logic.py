@@ -4,7 +4,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from processors.api import ApiError, check_sql, parse_route_request, render_metrics
+from processors.api import ApiError, check_sql, parse_route_request, render_metrics, sql_params
 from processors.index import Index
 from processors.ingest import DLQ, SKIPPED, Ingest
 from processors.snapshot import decode_chunk, export_partition, import_chunks
@@ -74,6 +74,16 @@ def test_read_only_sql_passes(sql):
 def test_writing_sql_is_refused(sql):
     with pytest.raises(ApiError):
         check_sql({"sql": sql})
+
+
+def test_sql_params_are_scalars_for_server_side_binding():
+    assert sql_params({"sql": "SELECT 1"}) == {}
+    assert sql_params({"sql": "SELECT 1", "params": {"bucket_s": 60, "reasons": "evicted", "q": 0.5}}) == \
+        {"bucket_s": 60, "reasons": "evicted", "q": 0.5}
+    for bad in ([60], {"bucket_s": [60]}, {"flag": True}, {"x": None}):
+        with pytest.raises(ApiError) as exc:
+            sql_params({"sql": "SELECT 1", "params": bad})
+        assert exc.value.status == 400
 
 
 def test_metrics_render_prometheus_text():

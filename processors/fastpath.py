@@ -1,0 +1,144 @@
+"""Faust's per-message overheads that this processor does not need, removed at two seams Faust
+offers (the transport class and the `Monitor` sensor setting). Measured on the real worker with
+py-spy, `kvpipe bench ingest`; numbers in BENCHMARKS.md.
+
+1. Delivery without two tasks per message (`FastDrainConsumer`).
+
+Why: profiling the real worker (py-spy, 40k envelopes) showed Faust's `Consumer._drain_messages`
+wrapping *every* message in `Service.wait_first(callback(message), suspend_flow.wait())`: two
+tasks, an `asyncio.wait` and a cancel per message. With an agent that only counts, that alone
+held the worker at 5.4k msgs/s; delivering directly reached 12.3k msgs/s on the same machine.
+
+What `wait_first` protects against: the callback (`Conductor.on_message`) can block — on flow
+control while a rebalance has suspended the streams, on Faust's producer buffer (table changelogs;
+we have none), on the conductor's callback lock, or on a full stream queue — and a rebalance must
+be able to abandon such a blocked delivery. So the direct call is made only when the first and
+the third cannot block (checked synchronously right before the call; nothing else runs on the
+loop between the check and the call's first suspension point): consumer flow active,
+`app.flow_control` not suspended (no rebalance in progress), the callback lock free. Otherwise
+Faust's own `wait_first` delivery is used, so behaviour around a rebalance is Faust's.
+
+The other two cannot hang the loop: a full stream queue is cleared by a rebalance
+(`flow_control.clear()` cancels blocked putters, which ends the call), and the producer buffer
+only fills from `send_soon` (table changelogs; this app has no tables) and its wait is a flush
+that does not need this loop. Checking its size per message cost 5% (it reads `app.conf`).
+
+2. `QuietMonitor`: Faust's `Monitor` sensor keeps per-event statistics (timings, per-stream
+and per-task counters, a dict per event) on every message in and out: ~6% of the worker. Nothing
+here reads them (`/stats` is ours), so those four hooks are no-ops; the rest of the Monitor
+(commit and end-offset tracking Faust calls directly) stays.
+
+The rest of the loop (read offsets, gap tracking, `broker_commit_every`) is Faust 0.15.3's
+`_drain_messages` unchanged; `install` refuses other Faust versions rather than guess.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, cast
+
+import faust
+from faust.sensors import Monitor
+from faust.transport.consumer import CONSUMER_FETCHING
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_FAUST = ("0.15.3",)
+
+
+class FastDrainConsumer(faust_aiokafka.Consumer):
+    async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - exercised by the worker
+        callback = self.callback
+        getmany = self.getmany
+        consumer_should_stop = self._stopped.is_set
+        fetcher_should_stop = fetcher._stopped.is_set
+        get_read_offset = self._read_offset.__getitem__
+        set_read_offset = self._read_offset.__setitem__
+        commit_every = self._commit_every
+        acks_enabled_for = self.app.topics.acks_enabled_for
+        app = self.app
+        flow_control = app.flow_control
+        callback_lock = cast(Any, app.topics)._tp_to_callback_lock
+        suspend_flow = self.suspend_flow
+
+        yield_every = 100
+        num_since_yield = 0
+        sleep = asyncio.sleep
+        self.fast_deliveries = self.slow_deliveries = 0
+        try:
+            while not (consumer_should_stop() or fetcher_should_stop()):
+                self.diag.set_flag(CONSUMER_FETCHING)
+                ait = getmany(timeout=1.0)
+                await self.sleep(0)  # Faust's: getmany may return at once, again and again
+                if not self.should_stop:
+                    async for tp, message in ait:
+                        num_since_yield += 1
+                        if num_since_yield > yield_every:
+                            await sleep(0)
+                            num_since_yield = 0
+                        offset = message.offset
+                        r_offset = get_read_offset(tp)
+                        if r_offset is None or offset >= r_offset:
+                            gap = offset - (r_offset or 0)
+                            if gap > 1 and r_offset and acks_enabled_for(message.topic):
+                                await self._add_gap(tp, r_offset + 1, offset)
+                            if commit_every is not None and self._n_acked >= commit_every:
+                                self._n_acked = 0
+                                await self.commit()
+                            if (self.flow_active and not suspend_flow.is_set() and flow_control.is_active()
+                                    and not callback_lock.locked()):
+                                self.fast_deliveries += 1
+                                await callback(message)
+                            else:
+                                self.slow_deliveries += 1
+                                await self.wait_first(callback(message), suspend_flow.wait())
+                            set_read_offset(tp, offset)
+                    self.diag.unset_flag(CONSUMER_FETCHING)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                self.log.info("Broker stopped consumer, shutting down...")
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                self.log.info("Consumer shutting down for user cancel.")
+                return
+            raise
+        except Exception as exc:
+            self.log.exception("Drain messages raised: %r", exc)
+            raise
+        finally:
+            self.diag.unset_flag(CONSUMER_FETCHING)
+
+
+class QuietMonitor(Monitor):
+    """Faust's Monitor without the per-message and per-event bookkeeping (see the module doc)."""
+
+    def on_message_in(self, tp, offset, message) -> None:
+        pass
+
+    def on_stream_event_in(self, tp, offset, stream, event) -> None:
+        return None
+
+    def on_stream_event_out(self, tp, offset, stream, event, state=None) -> None:
+        pass
+
+    def on_message_out(self, tp, offset, message) -> None:
+        pass
+
+
+class FastDrainTransport(faust_aiokafka.Transport):
+    Consumer = FastDrainConsumer
+
+
+def install(app: faust.App) -> bool:
+    """Give `app` the fast-drain transport (before anything creates its consumer). Returns False
+    and leaves Faust's transport in place on a Faust version this was not checked against."""
+    if faust.__version__ not in SUPPORTED_FAUST:
+        log.warning("faust %s: fast drain not checked for this version; using Faust's own consumer", faust.__version__)
+        return False
+    if not app.conf.broker_consumer[0].scheme.startswith("kafka"):
+        return False
+    app.transport = FastDrainTransport(app.conf.broker_consumer, app)
+    return True

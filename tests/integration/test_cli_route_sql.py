@@ -1,0 +1,145 @@
+"""`kvpipe route` and `kvpipe sql` as a user runs them: subprocesses against a running processor
+with analytics (real broker, embedded chDB owned by the processor), found through the settings'
+web host/port (KVPIPE_WEB_PORT here). Plus `--help` of every subcommand.
+
+Two nodes, full-attention group 0 and sliding-window group 1, one step every 90 s (so the report's
+time series span several one-minute buckets):
+  node-x stores 11..14 in both groups, then its window slides (group 1 evicts 11, 12);
+  node-y stores 11, 12 in both groups, then its window slides past 12.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from processors.procrun import REPO, ProcessorProcess, free_port
+from tests.integration.analytics_helpers import FA, SWA, AnalyticsSession, Clock, RowModel, SimNode, removed, \
+    stored, wait_written
+
+pytestmark = pytest.mark.integration
+
+SUBCOMMANDS = ["infra", "node", "bridge", "processor", "route", "sql", "inspect", "demo", "bench"]
+
+
+class Cli:
+    """Runs `python -m kvpipe ...` with the processor's settings in the environment."""
+
+    def __init__(self, env: dict[str, str], cwd: Path) -> None:
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("KVPIPE_")}
+        self.env.update(env)
+        self.env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+        self.cwd = cwd  # not the checkout: no kvpipe.toml leaks in
+
+    def popen(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "kvpipe", *args], env=self.env, cwd=self.cwd,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def run(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kvpipe", *args], env=self.env, cwd=self.cwd,
+                              capture_output=True, text=True, timeout=timeout)
+
+
+class Running:
+    def __init__(self, session: AnalyticsSession, proc: ProcessorProcess, model: RowModel, cli: Cli) -> None:
+        self.session, self.proc, self.model, self.cli = session, proc, model, cli
+
+
+@pytest.fixture(scope="module")
+def running(kafka_bootstrap: str, tmp_path_factory) -> Running:
+    tmp = tmp_path_factory.mktemp("cli")
+    session = AnalyticsSession(kafka_bootstrap, tmp, partitions=1)
+    model, clock = RowModel(), Clock(step_s=90)
+    try:
+        proc = session.processor(snapshot_every_s=3600)
+        x, y = SimNode(session, model, clock, "node-x"), SimNode(session, model, clock, "node-y")
+        x.step(stored([11, 12, 13, 14], FA), stored([11, 12, 13, 14], SWA))
+        y.step(stored([11, 12], FA), stored([11, 12], SWA))
+        x.step(removed([11, 12], SWA))
+        y.step(removed([12], SWA))
+        x.close()
+        y.close()
+        wait_written(proc, session.end_offsets())
+        yield Running(session, proc, model, Cli(session.env, tmp))
+    finally:
+        session.close()
+
+
+def _ranked(out: str) -> list[tuple[str, dict]]:
+    return [(n["node_id"], n["prefix"]) for n in json.loads(out)["nodes"]]
+
+
+def test_every_subcommand_answers_help_with_exit_0(tmp_path):
+    cli = Cli({}, tmp_path)
+    procs = {cmd: cli.popen(cmd, "--help") for cmd in SUBCOMMANDS}  # in parallel: `node` imports torch
+    for cmd, p in procs.items():
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, f"kvpipe {cmd} --help exited {p.returncode}: {err[-2000:]}"
+        assert f"kvpipe {cmd}" in out and "usage" in out.lower(), f"kvpipe {cmd} --help printed no usage: {out[:300]}"
+
+
+def test_route_by_hashes_ranks_the_longer_prefix_first(running: Running):
+    done = running.cli.run("route", "--hashes", "11,12,13", "--group", "0")
+    assert done.returncode == 0, done.stderr
+    assert _ranked(done.stdout) == [("node-x", {"0": {"GPU": 3}}), ("node-y", {"0": {"GPU": 2}})]
+
+
+def test_route_by_file_asks_each_group_for_its_own_hashes(running: Running, tmp_path):
+    request = tmp_path / "req.json"
+    request.write_text(json.dumps({"block_hashes": {"0": [11, 12, 13, 14], "1": [13, 14]}}))
+    done = running.cli.run("route", "--file", str(request))
+    assert done.returncode == 0, done.stderr
+    # node-x's window slid past 11 and 12 but still holds the suffix 13, 14; node-y holds neither
+    assert _ranked(done.stdout) == [("node-x", {"0": {"GPU": 4}, "1": {"GPU": 2}}), ("node-y", {"0": {"GPU": 2}, "1": {}})]
+
+
+def test_route_with_one_list_for_every_group_sees_the_slid_window(running: Running):
+    done = running.cli.run("route", "--hashes", "11,12,13,14")
+    assert done.returncode == 0, done.stderr
+    # no group-1 prefix of node-x starts at 11 any more: node-y, holding 11 in both groups, ranks first
+    assert _ranked(done.stdout) == [("node-y", {"0": {"GPU": 2}, "1": {"GPU": 1}}), ("node-x", {"0": {"GPU": 4}, "1": {}})]
+
+
+def test_sql_prints_a_table_and_json_read_through_the_processor(running: Running):
+    expected = sum(running.model.events.values())
+    done = running.cli.run("sql", "SELECT count() AS n FROM kv_events_final")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["n", "-" * max(1, len(str(expected))), str(expected)]
+    assert "(1 rows)" in done.stdout
+    done = running.cli.run("sql", "--json", "SELECT kind, count() AS n FROM kv_events_final GROUP BY kind ORDER BY kind")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["columns"] == ["kind", "n"]
+    assert result["rows"] == [["removed", 2], ["stored", 4]]
+
+
+def test_sql_refuses_a_write_with_the_reason_and_a_nonzero_exit(running: Running):
+    done = running.cli.run("sql", "INSERT INTO kv_events (node_id) VALUES ('ghost')")
+    assert done.returncode != 0 and done.stdout == ""
+    assert "statement not allowed" in done.stderr and "read-only" in done.stderr, done.stderr
+    count = running.cli.run("sql", "--json", "SELECT count() FROM kv_events WHERE node_id = 'ghost'")
+    assert json.loads(count.stdout)["rows"] == [[0]]
+
+
+def test_sql_without_a_processor_says_how_to_start_one(running: Running):
+    cli = Cli({**running.session.env, "KVPIPE_WEB_PORT": str(free_port())}, running.cli.cwd)
+    done = cli.run("sql", "SELECT 1")
+    assert done.returncode == 1 and "kvpipe processor" in done.stderr, done.stderr
+
+
+def test_sql_report_writes_markdown_referencing_svg_plots(running: Running, tmp_path):
+    out = tmp_path / "report"
+    done = running.cli.run("sql", "--report", str(out))
+    assert done.returncode == 0, done.stderr
+    text = (out / "report.md").read_text()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert images and all((out / name).is_file() for name in images), images
+    # 3 sliding-window blocks evicted in two buckets: a plotted line of two points, and a table row
+    lines = re.findall(r'<polyline[^>]* points="([^"]+)"', (out / "evictions_per_group.svg").read_text())
+    assert [len(points.split()) for points in lines] == [2]
+    assert "| GPU | 3 | 0 |  |" in text, text  # ratio NULL (no FA eviction): an empty cell
