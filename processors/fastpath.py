@@ -48,6 +48,10 @@ SUPPORTED_FAUST = ("0.15.3",)
 
 
 class FastDrainConsumer(faust_aiokafka.Consumer):
+    # how many messages took the direct call vs Faust's wait_first (shown in /stats)
+    direct_deliveries = 0
+    waited_deliveries = 0
+
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - exercised by the worker
         callback = self.callback
         getmany = self.getmany
@@ -65,7 +69,6 @@ class FastDrainConsumer(faust_aiokafka.Consumer):
         yield_every = 100
         num_since_yield = 0
         sleep = asyncio.sleep
-        self.fast_deliveries = self.slow_deliveries = 0
         try:
             while not (consumer_should_stop() or fetcher_should_stop()):
                 self.diag.set_flag(CONSUMER_FETCHING)
@@ -88,10 +91,10 @@ class FastDrainConsumer(faust_aiokafka.Consumer):
                                 await self.commit()
                             if (self.flow_active and not suspend_flow.is_set() and flow_control.is_active()
                                     and not callback_lock.locked()):
-                                self.fast_deliveries += 1
+                                self.direct_deliveries += 1
                                 await callback(message)
                             else:
-                                self.slow_deliveries += 1
+                                self.waited_deliveries += 1
                                 await self.wait_first(callback(message), suspend_flow.wait())
                             set_read_offset(tp, offset)
                     self.diag.unset_flag(CONSUMER_FETCHING)

@@ -352,11 +352,17 @@ class Index:
                 "total": sum(best),
                 "prefix": {str(g): dict(sorted(per_group.get(g, {}).items())) for g in groups},
             })
-        rows.sort(key=lambda r: (r["suspect"], -r["score"], -r["gpu_score"], -r["total"], r["node_id"]))
+        rows.sort(key=rank_key)
         return {"semantics": SEMANTICS, "groups": sorted(hashes_by_group), "nodes": rows}
 
     def known_groups(self) -> list[int]:
         return sorted(g for g, holders in self.holders.items() if holders)
+
+
+def rank_key(row: dict) -> tuple:
+    """The order of `Index.route` rows; one function, so a merge of several workers' rows
+    (`processors.scatter`) ranks exactly as one index would."""
+    return (row["suspect"], -row["score"], -row["gpu_score"], -row["total"], row["node_id"])
 
 
 def _drop_holder(holders: dict[ExternalHash, Holders], h: ExternalHash, slot: Slot) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from faust import web
 from faust.types import TP
 
+from processors import scatter
 from processors.api import ApiError, check_sql, node_rows, parse_route_request, render_metrics, sql_params
 from processors.app import app, settings
 from processors.state import collect_stats, runtime
@@ -32,28 +33,89 @@ def _highwater(partition: int) -> int | None:
         return None
 
 
+# -- the group's view: scatter-gather over the workers (processors.scatter) -------------------------
+
+
+def _owned() -> list[int]:
+    """Partitions this worker's index answers for: restored and still assigned."""
+    try:
+        assigned = {tp.partition for tp in app.consumer.assignment() if tp.topic == settings.events_topic}
+    except Exception:  # no consumer yet
+        return []
+    return sorted(runtime.durability.owned & assigned)
+
+
+def _expected() -> range:
+    try:
+        n = app.consumer.topic_partitions(settings.events_topic)
+    except Exception:
+        n = None
+    return range(n or settings.partitions)
+
+
+def _peer_urls() -> dict[str, list[int]]:
+    try:
+        distribution = app.assignor.external_topics_metadata()
+    except Exception:
+        return {}
+    return scatter.peers(distribution, settings.events_topic, str(app.conf.canonical_url))
+
+
+def _local_route(body: Any) -> dict:
+    own = runtime.index.known_groups()
+    hashes, all_groups = parse_route_request(body, scatter.hinted_groups(body, own))
+    answer = runtime.index.route(hashes, all_groups=all_groups)
+    nodes = runtime.index.nodes
+    for row in answer["nodes"]:
+        row["partition"] = nodes[row["node_id"]].partition
+    return {**answer, "partitions": _owned(), "known_groups": own}
+
+
+def _local_nodes() -> dict:
+    return {"nodes": node_rows(runtime.index, time.time()), "partitions": _owned()}
+
+
+_ask_route = scatter.http_asker(lambda: app.http_client, "/route", "POST")
+_ask_nodes = scatter.http_asker(lambda: app.http_client, "/nodes", "GET")
+
+
 @app.page("/route")
 class Route(web.View):
     async def post(self, request: web.Request) -> web.Response:
         try:
-            hashes, all_groups = parse_route_request(await _json_body(request), runtime.index.known_groups())
+            body = await _json_body(request)
+            if scatter.is_local(request.query):
+                answer = _local_route(body)
+            else:
+                answer = await scatter.route(body, _local_route, _peer_urls(), _ask_route, _expected())
         except ApiError as exc:
             return _error(self, exc)
-        answer = runtime.index.route(hashes, all_groups=all_groups)
         return self.bytes(json.dumps(answer, default=_jsonable).encode(), content_type="application/json")
 
 
 @app.page("/nodes")
 class Nodes(web.View):
     async def get(self, request: web.Request) -> web.Response:
-        return self.bytes(json.dumps({"nodes": node_rows(runtime.index, time.time())}, default=_jsonable).encode(),
-                          content_type="application/json")
+        if scatter.is_local(request.query):
+            answer = _local_nodes()
+        else:
+            answer = await scatter.nodes(_local_nodes(), _peer_urls(), _ask_nodes, _expected())
+        return self.bytes(json.dumps(answer, default=_jsonable).encode(), content_type="application/json")
+
+
+def cluster_stats() -> dict:
+    consumer = app.consumer
+    return {"url": str(app.conf.canonical_url), "owned_partitions": _owned(), "peers": _peer_urls(),
+            "expected_partitions": list(_expected()),
+            # processors.fastpath: messages handed over directly vs through Faust's wait_first
+            "deliveries": {"direct": getattr(consumer, "direct_deliveries", None),
+                           "waited": getattr(consumer, "waited_deliveries", None)}}
 
 
 @app.page("/stats")
 class Stats(web.View):
     async def get(self, request: web.Request) -> web.Response:
-        return self.json(collect_stats(runtime, _highwater))
+        return self.json({**collect_stats(runtime, _highwater), "cluster": cluster_stats()})
 
 
 @app.page("/metrics")

@@ -1,0 +1,150 @@
+"""Scatter-gather for `/route` and `/nodes` across the workers of one consumer group.
+
+Each worker's index holds only the events partitions it owns (a node lives in one partition:
+key = node_id), so a worker asked `/route` asks every other live worker for its *local* answer
+(`?local=1`, which never fans out again) and merges. A node's score depends only on that node's
+own entries, so concatenating the workers' rows and sorting them with `index.rank_key` gives the
+ranking one worker holding everything would give.
+
+Peer discovery — Faust's assignor, not a registry of our own. Every worker publishes its
+`canonical_url` (`http://<web_host>:<web_port>`; web_host must therefore be an address the other
+workers can reach) in its consumer-group metadata; the group leader's assignment hands every
+member the whole map `url → {topic: [partitions]}` (`app.assignor.external_topics_metadata()`).
+So the map is exactly as fresh as the group itself: a worker that joins or leaves cleanly shows
+up or disappears at the rebalance, and no extra topic, heartbeat or TTL has to be kept right. Its
+one blind spot is a worker that died without leaving: until the session timeout expels it
+(`broker_session_timeout`, 10 s) its URL stays in the map, the call fails fast (connection
+refused) or times out, and the answer is marked partial — which is the truth.
+
+Correctness does not rest on the map: every local answer says which partitions it covers
+(restored and still assigned), each partition is taken from one answer only (ours first, so a
+partition handed over mid-rebalance is never counted twice), and the expected partitions are the
+topic's, so whatever no answer covered is reported: `"partial": true, "missing_partitions": [...]`.
+A peer that errs or does not answer within `PEER_TIMEOUT_S` costs its partitions, never a 500.
+
+One subtlety, the "same hashes for every group" form (`{"block_hashes": [...]}`): a node is
+scored on its groups among the *known* groups (those any node holds blocks in), and which groups
+are known depends on the whole index. The coordinator sends its own known groups along
+(`known_groups` in the local request); each peer scores with the union of its own and those, and
+returns its own. If the union over all workers differs from what some worker used, that worker
+is asked again with the full union (rare: only when workers' nodes use different group sets).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+
+from processors.index import rank_key
+
+PEER_TIMEOUT_S = 1.0
+LOCAL_PARAM = "local"
+
+LocalFn = Callable[[dict], dict]  # request body → local answer (route or nodes)
+PeerFn = Callable[[str, dict], Awaitable[dict]]  # (peer url, request body) → its local answer
+
+
+def is_local(query: Mapping[str, str]) -> bool:
+    return query.get(LOCAL_PARAM, "") not in ("", "0", "false")
+
+
+def hinted_groups(body: Any, own: list[int]) -> list[int]:
+    """The known groups a local answer scores with: its own plus the coordinator's hint."""
+    hint = body.get("known_groups") if isinstance(body, dict) else None
+    if not isinstance(hint, list) or not all(isinstance(g, int) and not isinstance(g, bool) for g in hint):
+        return own
+    return sorted(set(own) | set(hint))
+
+
+def peers(distribution: Mapping[str, Mapping[str, Sequence[int]]], topic: str, self_url: str) -> dict[str, list[int]]:
+    """`url → partitions of topic` for the other workers (the assignor's map; see module doc)."""
+    out = {}
+    for url, topics in distribution.items():
+        parts = topics.get(topic) or ()
+        if parts and url.rstrip("/") != self_url.rstrip("/"):
+            out[url] = sorted(parts)
+    return out
+
+
+def claim(answers: Sequence[dict]) -> dict[int, int]:
+    """`partition → index of the answer it is taken from`: the first answer covering it."""
+    owner: dict[int, int] = {}
+    for i, answer in enumerate(answers):
+        for p in answer.get("partitions", ()):
+            owner.setdefault(p, i)
+    return owner
+
+
+def _rows(answers: Sequence[dict], owner: Mapping[int, int]) -> list[dict]:
+    return [row for i, a in enumerate(answers) for row in a.get("nodes", ()) if owner.get(row.get("partition")) == i]
+
+
+def _coverage(expected: Iterable[int], owner: Mapping[int, int]) -> dict:
+    missing = sorted(set(expected) - owner.keys())
+    return {"partial": bool(missing), "missing_partitions": missing}
+
+
+def merge_route(answers: Sequence[dict], expected: Iterable[int]) -> dict:
+    """One `/route` answer from local ones (the coordinator's first). Rows lose their
+    `partition` (the public row is the single-worker one)."""
+    owner = claim(answers)
+    rows = [{k: v for k, v in row.items() if k != "partition"} for row in _rows(answers, owner)]
+    rows.sort(key=rank_key)
+    groups = sorted({g for a in answers for g in a.get("groups", ())})
+    return {"semantics": answers[0]["semantics"], "groups": groups, "nodes": rows, **_coverage(expected, owner)}
+
+
+def merge_nodes(answers: Sequence[dict], expected: Iterable[int]) -> dict:
+    owner = claim(answers)
+    rows = sorted(_rows(answers, owner), key=lambda r: r["node_id"])
+    return {"nodes": rows, **_coverage(expected, owner)}
+
+
+async def ask_all(peer_urls: Iterable[str], body: dict, ask: PeerFn) -> list[dict]:
+    """Local answers of the peers that answered (failures and timeouts are left out: the merge
+    reports their partitions as missing). `ask` enforces the timeout."""
+    urls = list(peer_urls)
+    if not urls:
+        return []
+    results = await asyncio.gather(*(ask(url, body) for url in urls), return_exceptions=True)
+    return [r for r in results if isinstance(r, dict)]
+
+
+async def route(body: dict, local: LocalFn, peer_urls: Iterable[str], ask: PeerFn, expected: Iterable[int]) -> dict:
+    """Scatter a `/route` request, gather, merge (see the module doc for `known_groups`)."""
+    urls = list(peer_urls)
+    mine = local(body)
+    hinted = body if not isinstance(body.get("block_hashes"), list) else {**body, "known_groups": mine["known_groups"]}
+    theirs = await ask_all(urls, hinted, ask)
+    if isinstance(body.get("block_hashes"), list):
+        union = sorted({g for a in [mine, *theirs] for g in a["known_groups"]})
+        if any(a["groups"] != union for a in [mine, *theirs]):
+            again = {**body, "known_groups": union}
+            mine = local(again)
+            theirs = await ask_all([a["worker"] for a in theirs], again, ask)
+    return merge_route([mine, *theirs], expected)
+
+
+async def nodes(local_answer: dict, peer_urls: Iterable[str], ask: PeerFn, expected: Iterable[int]) -> dict:
+    theirs = await ask_all(peer_urls, {}, ask)
+    return merge_nodes([local_answer, *theirs], expected)
+
+
+def http_asker(session_factory: Callable[[], Any], path: str, method: str, timeout_s: float = PEER_TIMEOUT_S) -> PeerFn:
+    """A `PeerFn` over aiohttp: `<url><path>?local=1`, JSON body, `timeout_s` in all."""
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def ask(url: str, body: dict) -> dict:
+        target = f"{url.rstrip('/')}{path}?{LOCAL_PARAM}=1"
+        data = json.dumps(body).encode() if method == "POST" else None
+        async with session_factory().request(method, target, data=data, timeout=timeout,
+                                             headers={"Content-Type": "application/json"}) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"{target} answered {resp.status}")
+            answer = json.loads(await resp.read())
+        answer.setdefault("worker", url)
+        return answer
+
+    return ask
