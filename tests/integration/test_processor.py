@@ -13,15 +13,14 @@ import random
 import re
 import time
 import uuid
-from collections import Counter
 from pathlib import Path
 
 import msgspec
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from processors.procrun import ProcessorProcess, free_port
+from tests.integration.processor_fixture import HeldBlocks, ProcessorTopics
 from producer.publisher import Publisher
 from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from schemas.envelope import HEADER_VERSION, SCHEMA_MAJOR, Envelope, GroupSpec
@@ -39,24 +38,14 @@ class Session:
     """Topics, the processor, and what the test itself expects the index to hold."""
 
     def __init__(self, bootstrap: str, tmp: Path) -> None:
-        tag = uuid.uuid4().hex[:10]
         self.bootstrap, self.tmp = bootstrap, tmp
-        self.events, self.dlq, self.snapshots = f"proc-ev-{tag}", f"proc-dlq-{tag}", f"proc-snap-{tag}"
-        self.admin = AdminClient({"bootstrap.servers": bootstrap})
-        self.topics = [self.events, self.dlq, self.snapshots]
-        futures = self.admin.create_topics([
-            NewTopic(self.events, PARTITIONS, 1), NewTopic(self.dlq, 1, 1),
-            NewTopic(self.snapshots, PARTITIONS, 1, config={"cleanup.policy": "compact"})], operation_timeout=30)
-        for f in futures.values():
-            f.result(timeout=30)
-        self.env = {"KVPIPE_KAFKA_BOOTSTRAP": bootstrap, "KVPIPE_EVENTS_TOPIC": self.events,
-                    "KVPIPE_DLQ_TOPIC": self.dlq, "KVPIPE_SNAPSHOT_TOPIC": self.snapshots,
-                    "KVPIPE_PARTITIONS": str(PARTITIONS), "KVPIPE_PROCESSOR_ID": f"kvpipe-test-{tag}",
-                    "KVPIPE_WEB_PORT": str(free_port()), "KVPIPE_STATE_DIR": str(tmp / "state"),
-                    "KVPIPE_SNAPSHOT_EVERY_S": "3600", "KVPIPE_NODE_TTL_S": "3600"}
+        self.topics = ProcessorTopics(bootstrap, "proc", PARTITIONS)
+        self.events, self.dlq, self.snapshots = self.topics.events, self.topics.dlq, self.topics.snapshots
+        self.env = self.topics.env(f"kvpipe-test-{self.topics.tag}", free_port(), str(tmp / "state"),
+                                   KVPIPE_SNAPSHOT_EVERY_S="3600", KVPIPE_NODE_TTL_S="3600")
         self.processor = ProcessorProcess(self.env, tmp / "processor.log").start()
         self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-        self.held: dict[tuple[str, int, str], Counter] = {}  # (node, group, medium) → hash → copies
+        self.model = HeldBlocks()
 
     # -- publishing ------------------------------------------------------------------------------
 
@@ -74,55 +63,11 @@ class Session:
 
     def end_offsets(self) -> dict[int, int]:
         self.producer.flush(30)
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "unused"})
-        try:
-            return {p: consumer.get_watermark_offsets(TopicPartition(self.events, p), timeout=10)[1]
-                    for p in range(PARTITIONS)}
-        finally:
-            consumer.close()
-
-    # -- the test's own model of the index -------------------------------------------------------
-
-    def model_apply(self, node: str, events: list) -> None:
-        for ev in events:
-            held = self.held.setdefault((node, ev.group_idx or 0, ev.medium or "GPU"), Counter())
-            for h in ev.block_hashes:
-                if isinstance(ev, BlockStored):
-                    held[h] += 1
-                elif held[h] > 0:
-                    held[h] -= 1
-
-    def model_clear_node(self, node: str) -> None:
-        for key in [k for k in self.held if k[0] == node]:
-            del self.held[key]
-
-    def expected_route(self, hashes_by_group: dict[int, list[int]]) -> list[tuple[str, dict]]:
-        """(node, {group: {medium: prefix}}) for nodes holding a first block, best first."""
-        rows = []
-        for node in sorted({k[0] for k in self.held}):
-            prefix: dict[str, dict[str, int]] = {}
-            for g, hashes in hashes_by_group.items():
-                for medium in ("CPU", "GPU"):
-                    held = self.held.get((node, g, medium), Counter())
-                    n = 0
-                    while n < len(hashes) and held[hashes[n]] > 0:
-                        n += 1
-                    if n:
-                        prefix.setdefault(str(g), {})[medium] = n
-            if prefix:
-                best = [max(prefix.get(str(g), {}).values(), default=0) for g in hashes_by_group]
-                gpu = [prefix.get(str(g), {}).get("GPU", 0) for g in hashes_by_group]
-                rows.append(((-min(best), -min(gpu), -sum(best), node), node,
-                             {str(g): prefix.get(str(g), {}) for g in hashes_by_group}))
-        return [(node, prefix) for _, node, prefix in sorted(rows)]
+        return self.topics.end_offsets()
 
     def close(self) -> None:
         self.processor.stop()
-        for f in self.admin.delete_topics(self.topics, operation_timeout=30).values():
-            try:
-                f.result(timeout=30)
-            except Exception:
-                pass
+        self.topics.delete()
 
 
 @pytest.fixture(scope="module")
@@ -169,15 +114,15 @@ def test_published_steps_give_the_index_and_routes_the_test_computes(session: Se
         if rng.random() < 0.3:
             events.append(removed([rng.choice(chain(fam))], group=0))
         assert pub.publish(events)
-        session.model_apply(pub.node_id, events)
+        session.model.apply(pub.node_id, events)
     for pub in publishers:
         pub.close()
     stats = session.processor.wait_offsets(session.end_offsets())
     assert stats["counters"]["dlq"] == 0
     for hashes in PROBES:
         by_group = {0: hashes, 1: hashes}
-        assert got_route(session.processor.route({"0": hashes, "1": hashes})) == session.expected_route(by_group), hashes
-        assert got_route(session.processor.route(hashes)) == session.expected_route(by_group), "one list for all groups"
+        assert got_route(session.processor.route({"0": hashes, "1": hashes})) == session.model.expected_route(by_group), hashes
+        assert got_route(session.processor.route(hashes)) == session.model.expected_route(by_group), "one list for all groups"
     nodes = {n["node_id"]: n for n in session.processor.get("/nodes")["nodes"]}
     assert set(nodes) == {f"node-{i}" for i in range(4)}
     assert all(not n["suspect"] and n["model"] == "test-model" and len(n["groups"]) == 2 for n in nodes.values())
@@ -189,15 +134,15 @@ def test_duplicates_are_skipped_gaps_make_suspects_and_new_epochs_clear(session:
     session.raw("dup", 1, [removed([3])])
     session.raw("dup", 1, [removed([3])])  # a replay: must not remove anything twice
     session.raw("dup", 0, [stored([1, 2, 3])])
-    session.model_apply("dup", [stored([1, 2, 3]), removed([3])])
+    session.model.apply("dup", [stored([1, 2, 3]), removed([3])])
     session.raw("gappy", 0, [stored([1])])
     session.raw("gappy", 5, [stored([2])])
-    session.model_apply("gappy", [stored([1]), stored([2])])
+    session.model.apply("gappy", [stored([1]), stored([2])])
     session.raw("reborn", 0, [stored([1, 2]), stored([1, 2], medium="CPU")])
     session.raw("reborn", 0, [stored([1])], epoch=2)
     session.raw("reborn", 1, [stored([2])], epoch=1)  # stale: the old incarnation is gone
-    session.model_clear_node("reborn")
-    session.model_apply("reborn", [stored([1])])
+    session.model.clear_node("reborn")
+    session.model.apply("reborn", [stored([1])])
     stats = session.processor.wait_offsets(session.end_offsets())
     counters = stats["counters"]
     assert counters["duplicates"] - before["duplicates"] == 2
@@ -207,7 +152,7 @@ def test_duplicates_are_skipped_gaps_make_suspects_and_new_epochs_clear(session:
     assert nodes["gappy"]["suspect"] and "expected seq 1, got 5" in nodes["gappy"]["suspect_reason"]
     assert not nodes["dup"]["suspect"] and nodes["reborn"]["epoch"] == 2 and not nodes["reborn"]["suspect"]
     answer = session.processor.route({"0": [1, 2, 3]})
-    assert got_route(answer) == [(n, p) for n, p in session.expected_route({0: [1, 2, 3]})
+    assert got_route(answer) == [(n, p) for n, p in session.model.expected_route({0: [1, 2, 3]})
                                  if n != "gappy"] + [("gappy", {"0": {"GPU": 2}})]
     assert answer["nodes"][-1]["suspect"] and answer["semantics"] == "prefix-per-group"
 
@@ -221,7 +166,7 @@ def test_bad_input_goes_to_the_dlq_with_reasons_and_good_events_keep_flowing(ses
     for key, value, headers, _ in bad:
         session.producer.produce(session.events, key=key, value=value, headers=headers)
     session.raw("dlq-node", 0, [stored([77])])
-    session.model_apply("dlq-node", [stored([77])])
+    session.model.apply("dlq-node", [stored([77])])
     stats = session.processor.wait_offsets(session.end_offsets())
     assert stats["dlq_by_reason"] == {"not_msgpack": 2, "unknown_version": 1}
     assert got_route(session.processor.route({"0": [77]})) == [("dlq-node", {"0": {"GPU": 1}})]
@@ -294,10 +239,10 @@ def test_sigkill_replays_the_tail_after_the_snapshot_even_when_faust_committed_p
     snapshot_end = session.end_offsets()  # the last snapshot (at the graceful stop) covers up to here
     pub = session.publisher("late-node")
     pub.publish([stored(chain(3)), stored(chain(3), group=1)])
-    session.model_apply("late-node", [stored(chain(3)), stored(chain(3), group=1)])
+    session.model.apply("late-node", [stored(chain(3)), stored(chain(3), group=1)])
     pub.close()
     session.raw("dup", 2, [removed([1])])
-    session.model_apply("dup", [removed([1])])
+    session.model.apply("dup", [removed([1])])
     end = session.end_offsets()
     tail = sum(end.values()) - sum(snapshot_end.values())
     proc.wait_offsets(end)

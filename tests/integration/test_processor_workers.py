@@ -13,16 +13,14 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
-from collections import Counter
 from pathlib import Path
 
 import msgspec
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Producer
 
 from processors.procrun import ProcessorProcess, free_port
+from tests.integration.processor_fixture import HeldBlocks, ProcessorTopics
 from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
 from schemas.events import BlockRemoved, BlockStored
@@ -46,29 +44,20 @@ class Group:
     """Topics, two workers of one consumer group, and the test's own model of the index."""
 
     def __init__(self, bootstrap: str, tmp: Path) -> None:
-        tag = uuid.uuid4().hex[:10]
         self.bootstrap, self.tmp = bootstrap, tmp
-        self.events, self.dlq, self.snapshots = f"workers-ev-{tag}", f"workers-dlq-{tag}", f"workers-snap-{tag}"
-        self.admin = AdminClient({"bootstrap.servers": bootstrap})
-        futures = self.admin.create_topics([
-            NewTopic(self.events, PARTITIONS, 1), NewTopic(self.dlq, 1, 1),
-            NewTopic(self.snapshots, PARTITIONS, 1, config={"cleanup.policy": "compact"})], operation_timeout=30)
-        for f in futures.values():
-            f.result(timeout=30)
-        self.group_id = f"kvpipe-workers-{tag}"
+        self.topics = ProcessorTopics(bootstrap, "workers", PARTITIONS)
+        self.events = self.topics.events
+        self.group_id = f"kvpipe-workers-{self.topics.tag}"
         self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-        self.held: dict[tuple[str, int], Counter] = {}  # (node, group) → hash → copies (GPU only)
+        self.model = HeldBlocks()
         self.seq: dict[str, int] = {}
         self.workers = [self.worker("a"), self.worker("b")]
 
     def worker(self, name: str) -> ProcessorProcess:
         # Periodic snapshots every 2 s: a SIGKILLed worker's partitions are restored from them.
-        return ProcessorProcess({
-            "KVPIPE_KAFKA_BOOTSTRAP": self.bootstrap, "KVPIPE_EVENTS_TOPIC": self.events,
-            "KVPIPE_DLQ_TOPIC": self.dlq, "KVPIPE_SNAPSHOT_TOPIC": self.snapshots,
-            "KVPIPE_PARTITIONS": str(PARTITIONS), "KVPIPE_PROCESSOR_ID": self.group_id,
-            "KVPIPE_WEB_PORT": str(free_port()), "KVPIPE_STATE_DIR": str(self.tmp / f"state-{name}"),
-            "KVPIPE_SNAPSHOT_EVERY_S": "2", "KVPIPE_NODE_TTL_S": "3600"}, self.tmp / f"worker-{name}.log")
+        env = self.topics.env(self.group_id, free_port(), str(self.tmp / f"state-{name}"),
+                              KVPIPE_SNAPSHOT_EVERY_S="2", KVPIPE_NODE_TTL_S="3600")
+        return ProcessorProcess(env, self.tmp / f"worker-{name}.log")
 
     # -- publishing: node i always on partition i % 4, so every partition has nodes ---------------
 
@@ -80,39 +69,15 @@ class Group:
                        group_specs=SPECS if seq == 0 else None, batch=msgspec.Raw(encode_vllm_batch(events, ts)))
         self.producer.produce(self.events, key=node.encode(), value=encode_envelope(env), headers=KAFKA_HEADERS,
                               partition=NODES.index(node) % PARTITIONS)
-        for ev in events:
-            held = self.held.setdefault((node, ev.group_idx), Counter())
-            for h in ev.block_hashes:
-                if isinstance(ev, BlockStored):
-                    held[h] += 1
-                elif held[h] > 0:
-                    held[h] -= 1
+        self.model.apply(node, events)
 
     def end_offsets(self) -> dict[int, int]:
         self.producer.flush(30)
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "unused"})
-        try:
-            return {p: consumer.get_watermark_offsets(TopicPartition(self.events, p), timeout=10)[1]
-                    for p in range(PARTITIONS)}
-        finally:
-            consumer.close()
+        return self.topics.end_offsets()
 
     def expected_route(self, hashes: list[int]) -> list[tuple[str, dict]]:
-        rows = []
-        for node in sorted({n for n, _ in self.held}):
-            prefix = {}
-            for g in (0, 1):
-                held = self.held.get((node, g), Counter())
-                n = 0
-                while n < len(hashes) and held[hashes[n]] > 0:
-                    n += 1
-                if n:
-                    prefix[str(g)] = {"GPU": n}
-            if prefix:
-                best = [prefix.get(str(g), {}).get("GPU", 0) for g in (0, 1)]
-                rows.append(((-min(best), -min(best), -sum(best), node), node,
-                             {str(g): prefix.get(str(g), {}) for g in (0, 1)}))
-        return [(node, prefix) for _, node, prefix in sorted(rows)]
+        """Both groups asked with the same hashes (every event here is on GPU)."""
+        return self.model.expected_route({0: hashes, 1: hashes})
 
     # -- waiting for the group ---------------------------------------------------------------------
 
@@ -136,11 +101,7 @@ class Group:
     def close(self) -> None:
         for w in self.workers:
             w.stop()
-        for f in self.admin.delete_topics([self.events, self.dlq, self.snapshots], operation_timeout=30).values():
-            try:
-                f.result(timeout=30)
-            except Exception:
-                pass
+        self.topics.delete()
 
 
 @pytest.fixture(scope="module")
