@@ -10,15 +10,13 @@ are whole seconds and their sums can be compared exactly.
 from __future__ import annotations
 
 import time
-import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from processors.procrun import ProcessorProcess, free_port
+from tests.integration.processor_fixture import ProcessorTopics
 from producer.publisher import Publisher
 from schemas.envelope import GroupSpec
 from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
@@ -141,22 +139,12 @@ class AnalyticsSession:
     """Unique topics + the KVPIPE_* settings of one processor with analytics on."""
 
     def __init__(self, bootstrap: str, tmp: Path, partitions: int = 2) -> None:
-        tag = uuid.uuid4().hex[:10]
         self.bootstrap, self.tmp, self.partitions = bootstrap, tmp, partitions
-        self.events, self.dlq, self.snapshots = f"ana-ev-{tag}", f"ana-dlq-{tag}", f"ana-snap-{tag}"
-        self.topics = [self.events, self.dlq, self.snapshots]
-        self.admin = AdminClient({"bootstrap.servers": bootstrap})
-        futures = self.admin.create_topics([
-            NewTopic(self.events, partitions, 1), NewTopic(self.dlq, 1, 1),
-            NewTopic(self.snapshots, partitions, 1, config={"cleanup.policy": "compact"})], operation_timeout=30)
-        for f in futures.values():
-            f.result(timeout=30)
-        self.env = {"KVPIPE_KAFKA_BOOTSTRAP": bootstrap, "KVPIPE_EVENTS_TOPIC": self.events,
-                    "KVPIPE_DLQ_TOPIC": self.dlq, "KVPIPE_SNAPSHOT_TOPIC": self.snapshots,
-                    "KVPIPE_PARTITIONS": str(partitions), "KVPIPE_PROCESSOR_ID": f"kvpipe-ana-{tag}",
-                    "KVPIPE_WEB_PORT": str(free_port()), "KVPIPE_STATE_DIR": str(tmp / "state"),
-                    "KVPIPE_NODE_TTL_S": "3600", "KVPIPE_ANALYTICS_FLUSH_S": "0.2",
-                    "KVPIPE_SNAPSHOT_EVERY_S": "3600"}
+        self.topics = ProcessorTopics(bootstrap, "ana", partitions)
+        self.events, self.dlq, self.snapshots = self.topics.events, self.topics.dlq, self.topics.snapshots
+        self.env = self.topics.env(f"kvpipe-ana-{self.topics.tag}", free_port(), str(tmp / "state"),
+                                   KVPIPE_NODE_TTL_S="3600", KVPIPE_ANALYTICS_FLUSH_S="0.2",
+                                   KVPIPE_SNAPSHOT_EVERY_S="3600")
         self.processes: list[ProcessorProcess] = []
 
     def processor(self, snapshot_every_s: float) -> ProcessorProcess:
@@ -172,21 +160,12 @@ class AnalyticsSession:
         return Publisher(settings, node_id, group_specs=SPECS, epoch=epoch, model="test-model")
 
     def end_offsets(self) -> dict[int, int]:
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "unused"})
-        try:
-            return {p: consumer.get_watermark_offsets(TopicPartition(self.events, p), timeout=10)[1]
-                    for p in range(self.partitions)}
-        finally:
-            consumer.close()
+        return self.topics.end_offsets()
 
     def close(self) -> None:
         for proc in self.processes:
             proc.stop()
-        for f in self.admin.delete_topics(self.topics, operation_timeout=30).values():
-            try:
-                f.result(timeout=30)
-            except Exception:  # cleanup only
-                pass
+        self.topics.delete()
 
 
 def wait_written(proc: ProcessorProcess, end_offsets: dict[int, int], timeout: float = 60.0) -> dict:
