@@ -2,8 +2,9 @@
 
 Pure functions over "is this hash cached for this group?" — no block pool. The GPU coordinator
 runs them with a lookup into its pool (the found values are the blocks); the router runs them with
-per-group hash sets from the index (`longest_hybrid_hit`). One definition, two users, so a route
-decision and the node's own hit cannot disagree.
+what the index says a node holds (`longest_hybrid_hit` from fine hashes, `longest_hybrid_hit_in_views`
+from per-group lists as the events publish them). One definition, two users, so a route decision
+and the node's own hit cannot disagree.
 
 Per-type rules (`n = max_length // block_size`, hashes viewed at the group's block size):
   full attention   longest prefix of cached blocks.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Container, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from gpu.specs import ChunkedLocal, FullAttention, KVSpec, Mamba, SlidingWindow
 
@@ -202,8 +203,42 @@ class ViewCache:
             self._views[block_size] = v
         return v
 
+    def for_spec_group(self, sg: SpecGroup) -> Sequence[bytes]:
+        return self.at(sg.spec.block_size)
 
-def find_hit(spec_groups: Sequence[SpecGroup], views: ViewCache, lookups: Sequence[Lookup],
+    @property
+    def num_tokens(self) -> int:
+        return len(self.fine) * self.hash_block_size
+
+
+class GroupViews:
+    """Per-group hash lists given as they are: group g's i-th entry is its block i's hash (the
+    form KV events publish). Members of one spec group have equal specs, hence one block size and
+    one view; the shortest member list bounds the search (it is all that was asked about)."""
+
+    __slots__ = ("group_hashes", "num_tokens")
+
+    def __init__(self, specs: Sequence[KVSpec], group_hashes: Sequence[Sequence[Any]]) -> None:
+        if len(group_hashes) != len(specs):
+            raise ValueError(f"{len(group_hashes)} hash lists for {len(specs)} groups")
+        self.group_hashes = group_hashes
+        self.num_tokens = max((len(h) * s.block_size for s, h in zip(specs, group_hashes)), default=0)
+
+    def for_spec_group(self, sg: SpecGroup) -> Sequence[Any]:
+        return min((self.group_hashes[g] for g in sg.group_ids), key=len)
+
+
+class HashViews(Protocol):
+    """What `find_hit` needs from a request's hashes: each spec group's view, and how many
+    tokens they cover (the EAGLE margin may look one block past the cap, never past that)."""
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    def for_spec_group(self, sg: SpecGroup) -> Sequence[Any]: ...
+
+
+def find_hit(spec_groups: Sequence[SpecGroup], views: HashViews, lookups: Sequence[Lookup],
              max_length: int, alignment: int) -> tuple[list[list[Any]], int, int]:
     """The hybrid search. Returns `(found list per spec group, hit length, longest single-group
     hit)`; full-attention lists are truncated to the hit. `lookups[k]` serves `spec_groups[k]`."""
@@ -213,7 +248,7 @@ def find_hit(spec_groups: Sequence[SpecGroup], views: ViewCache, lookups: Sequen
     lengths = [0] * len(spec_groups)
     simple = len(spec_groups) == 2 and isinstance(spec_groups[0].spec, FullAttention)
     eagle_verified: set[int] = set()
-    num_hashed = len(views.fine) * views.hash_block_size
+    num_hashed = views.num_tokens
     while True:
         cur = hit
         for k, sg in enumerate(spec_groups):
@@ -225,7 +260,7 @@ def find_hit(spec_groups: Sequence[SpecGroup], views: ViewCache, lookups: Sequen
             limit = cur
             if drop and not isinstance(spec, Mamba):
                 limit = min(cur + spec.block_size, num_hashed)
-            blocks, new_len = find_for_spec(spec, views.at(spec.block_size), limit, alignment,
+            blocks, new_len = find_for_spec(spec, views.for_spec_group(sg), limit, alignment,
                                             lookups[k], drop)
             if drop:
                 eagle_verified.add(k)
@@ -259,11 +294,14 @@ class HybridHit(NamedTuple):
     longest_group_hit: int
 
 
+IsCached = Callable[[int, Any], bool] | Sequence[Container[Any]]
+
+
 def longest_hybrid_hit(
     specs: Sequence[KVSpec],
     block_hashes: Sequence[bytes],
     hash_block_size: int,
-    is_cached: Callable[[int, bytes], bool] | Sequence[Container[bytes]],
+    is_cached: IsCached,
     max_length: int,
     alignment: int | None = None,
     eagle_groups: Collection[int] = (),
@@ -275,23 +313,47 @@ def longest_hybrid_hit(
     container of hashes per group says what the node holds. `max_length` is the cap (vLLM uses
     the request's token count minus one). `alignment` defaults to the lcm of the block sizes.
     """
+    return _hybrid_hit(specs, ViewCache(block_hashes, hash_block_size), is_cached, max_length,
+                       alignment, eagle_groups)
+
+
+def longest_hybrid_hit_in_views(
+    specs: Sequence[KVSpec],
+    group_hashes: Sequence[Sequence[Any]],
+    is_cached: IsCached,
+    max_length: int,
+    alignment: int | None = None,
+    eagle_groups: Collection[int] = (),
+) -> HybridHit:
+    """`longest_hybrid_hit` when the request is already viewed per group: `group_hashes[g]` is
+    group g's list at its own block size (what the events of group g publish). Any hashable
+    values work — the router passes block positions and answers `is_cached` from the index."""
+    return _hybrid_hit(specs, GroupViews(specs, group_hashes), is_cached, max_length, alignment,
+                       eagle_groups)
+
+
+def _hybrid_hit(specs: Sequence[KVSpec], views: HashViews, is_cached: IsCached, max_length: int,
+                alignment: int | None, eagle_groups: Collection[int]) -> HybridHit:
     spec_groups = split_spec_groups(specs, eagle_groups)
-    lookups: list[Lookup] = []
-    for sg in spec_groups:
-        ids = sg.group_ids
-        if callable(is_cached):
-            fn = is_cached
-            lookups.append((lambda h, g=ids[0], fn=fn: fn(g, h)) if len(ids) == 1
-                           else (lambda h, ids=ids, fn=fn: all(fn(g, h) for g in ids)))
-        else:
-            sets = [is_cached[g] for g in ids]
-            lookups.append(sets[0].__contains__ if len(sets) == 1
-                           else (lambda h, sets=sets: all(h in s for s in sets)))
-    found, hit, longest = find_hit(spec_groups, ViewCache(block_hashes, hash_block_size), lookups,
-                                   max_length, alignment or default_alignment(specs))
+    lookups = [_lookup(sg.group_ids, is_cached) for sg in spec_groups]
+    found, hit, longest = find_hit(spec_groups, views, lookups, max_length,
+                                   alignment or default_alignment(specs))
     masks: list[list[bool]] = [[] for _ in specs]
     for sg, blocks in zip(spec_groups, found):
         mask = [b is not None for b in blocks]
         for g in sg.group_ids:
             masks[g] = list(mask)
     return HybridHit(hit, tuple(masks), longest)
+
+
+def _lookup(ids: tuple[int, ...], is_cached: IsCached) -> Lookup:
+    """One spec group's lookup: hit only when every member group holds the hash."""
+    if callable(is_cached):
+        fn = is_cached
+        if len(ids) == 1:
+            return lambda h, g=ids[0]: fn(g, h)
+        return lambda h: all(fn(g, h) for g in ids)
+    sets = [is_cached[g] for g in ids]
+    if len(sets) == 1:
+        return sets[0].__contains__
+    return lambda h: all(h in s for s in sets)

@@ -20,7 +20,10 @@ from schemas.envelope import (
     KIND_CROSS,
     KIND_FULL,
     KIND_MAMBA,
+    KIND_MLA,
+    KIND_SINK_FULL,
     KIND_SLIDING,
+    KIND_SLIDING_MLA,
     GroupSpec,
 )
 
@@ -116,3 +119,34 @@ def resolve_block_sizes(specs: Sequence[KVSpec]) -> tuple[int, int]:
         return scheduler, scheduler
     cacheable = [s.block_size for s in specs if s.prefix_cacheable] or sizes
     return scheduler, math.gcd(*cacheable)
+
+
+# Kinds whose hit rule is full attention's (vLLM: MLA and sink subclasses use the same manager).
+_FULL_KINDS = frozenset({KIND_FULL, KIND_MLA, KIND_SINK_FULL})
+_SLIDING_KINDS = frozenset({KIND_SLIDING, KIND_SLIDING_MLA})
+
+
+def from_group_spec(gs: GroupSpec) -> KVSpec:
+    """The spec a published `GroupSpec` describes, for computing hits (the reverse of
+    `KVSpec.to_group_spec`). Raises ValueError for a kind whose hit rule is unknown or a spec
+    missing the field its rule needs — a caller must not guess a hit from it.
+
+    MLA/sink kinds map to their rule's class, so two groups differing only in that would merge
+    here but not in vLLM; for full attention and sliding windows the hit is the same either way
+    (a merged lookup accepts a length exactly when every member does)."""
+    if gs.kind in _FULL_KINDS:
+        return FullAttention(gs.block_size)
+    if gs.kind in _SLIDING_KINDS:
+        if not gs.sliding_window:
+            raise ValueError(f"group {gs.group_idx}: {gs.kind} without sliding_window")
+        return SlidingWindow(gs.block_size, gs.sliding_window)
+    if gs.kind == KIND_MAMBA:
+        # A node that publishes Mamba blocks caches them, which vLLM allows only in "align" mode.
+        return Mamba(gs.block_size, gs.mamba_cache_mode or "align")
+    if gs.kind == KIND_CHUNKED_LOCAL:
+        if not gs.attention_chunk_size:
+            raise ValueError(f"group {gs.group_idx}: {gs.kind} without attention_chunk_size")
+        return ChunkedLocal(gs.block_size, gs.attention_chunk_size)
+    if gs.kind == KIND_CROSS:
+        return CrossAttention(gs.block_size)
+    raise ValueError(f"group {gs.group_idx}: no hit rule for kind {gs.kind!r}")

@@ -250,15 +250,19 @@ class Demo:
                 ranked = _http(f"{self.base}/route", {"block_hashes": {"0": prompt["block_hashes"]["0"]}})
                 every = {r["node_id"]: r for r in _http(f"{self.base}/route", {"block_hashes": prompt["block_hashes"]})
                          .get("nodes", [])}
+                # hma: the hit vLLM's hybrid coordinator would compute on each node. No num_tokens: a
+                # system prompt is the prefix of longer requests, so its last token is not the cap.
+                hma = {r["node_id"]: r for r in _http(f"{self.base}/route", {"block_hashes": prompt["block_hashes"],
+                                                                             "semantics": "hma"}).get("nodes", [])}
                 print(f"  {prompt.get('name')} as served by {node_id} ({prompt.get('num_tokens')} tokens, "
                       f"{len(key)} full-attention blocks; semantics {ranked.get('semantics')}):")
                 for r in ranked.get("nodes", [])[:3]:
                     # all groups: sparse sliding-window/Mamba caching (vLLM's default retention 0) keeps
-                    # only tail blocks, so their *prefix* is short; exact hybrid hits are a later step
+                    # only tail blocks, so their *prefix* is short while the hma hit is not
                     per_group = "  ".join(f"g{g}:{'/'.join(f'{m}={n}' for m, n in media.items()) or '-'}"
                                           for g, media in every.get(r["node_id"], {}).get("prefix", {}).items())
                     print(f"    {r.get('node_id'):<8} prefix {r.get('score')} blocks (GPU {r.get('gpu_score')})"
-                          f"   per group: {per_group}")
+                          f"   hma hit {_hma_hit(hma.get(r['node_id']))}   per group: {per_group}")
                 if not ranked.get("nodes"):
                     print("    no node holds its first block")
         queries = [
@@ -280,6 +284,16 @@ class Demo:
                 print(f"  {row}")
             ok = ok and bool(result.get("rows"))
         return 0 if ok else 1
+
+
+def _hma_hit(row: dict | None) -> str:
+    """`"<GPU> tok (any <any>)"` of an hma route row; why not, when the hit is unknown."""
+    if row is None:
+        return "-"
+    hits = row.get("hit_tokens")
+    if hits is None:
+        return f"n/a ({row.get('note')})"
+    return f"{hits['GPU']} tok (any {hits['any']})"
 
 
 def main(argv: list[str]) -> int:

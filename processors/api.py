@@ -8,7 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from processors.analytics.sqlguard import check_read_only
+from processors.index import SEMANTICS as PREFIX_PER_GROUP
 from processors.index import Index
+from processors.route_hma import HMA, MixedBlockSizes, route_hma
 from schemas.events import ExternalHash
 
 MAX_HASHES = 100_000
@@ -63,6 +65,35 @@ def parse_route_request(body: Any, known_groups: list[int]) -> tuple[dict[int, l
             raise ApiError(400, "bad route request", "block_hashes names no group")
         return out, False
     raise ApiError(400, "bad route request", "block_hashes must be a list or an object of lists")
+
+
+def parse_route_options(body: dict) -> tuple[str, int | None]:
+    """`(semantics, num_tokens)` of a route request: `"semantics"` is "prefix-per-group" (the
+    default) or "hma"; `"num_tokens"` (hma only) is the request's token count, capping the hit at
+    `num_tokens - 1` as vLLM does."""
+    semantics = body.get("semantics", PREFIX_PER_GROUP)
+    if semantics not in (PREFIX_PER_GROUP, HMA):
+        raise ApiError(400, "bad semantics", f"semantics {semantics!r}; expected {PREFIX_PER_GROUP!r} or {HMA!r}")
+    num_tokens = body.get("num_tokens")
+    if num_tokens is None:
+        return semantics, None
+    if semantics != HMA:
+        raise ApiError(400, "bad route request", f"num_tokens applies to semantics {HMA!r} only")
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
+        raise ApiError(400, "bad num_tokens", f"num_tokens {num_tokens!r}; expected an integer >= 1")
+    return semantics, num_tokens
+
+
+def answer_route(index: Index, body: Any, known_groups: list[int]) -> dict:
+    """One index's `/route` answer for a request body (either semantics)."""
+    hashes, all_groups = parse_route_request(body, known_groups)
+    semantics, num_tokens = parse_route_options(body)
+    if semantics == PREFIX_PER_GROUP:
+        return index.route(hashes, all_groups=all_groups)
+    try:
+        return route_hma(index, hashes, all_groups=all_groups, num_tokens=num_tokens)
+    except MixedBlockSizes as exc:
+        raise ApiError(400, "one hash list needs one block size", str(exc)) from None
 
 
 def _parse_list(values: list, where: str) -> list[ExternalHash]:

@@ -67,20 +67,32 @@ def main_route(argv: list[str]) -> int:
     what.add_argument("--hashes", help="comma-separated block hashes (ints, or 0x... hex for bytes hashes)")
     what.add_argument("--file", help='JSON request body: {"block_hashes": {"<group>": [...]}} or {"block_hashes": [...]}')
     parser.add_argument("--group", type=int, help="group index of --hashes (default: the same hashes for every group)")
+    parser.add_argument("--semantics", choices=("prefix-per-group", "hma"),
+                        help="prefix-per-group (the server's default): longest cached prefix per group; hma: the hit "
+                             "vLLM's hybrid coordinator would compute on each node (sliding-window/Mamba tails count)")
+    parser.add_argument("--num-tokens", type=int, help="hma: the request's token count (the hit is capped at N-1)")
     parser.add_argument("--url", help="processor base URL (default: http://<web_host>:<web_port> from the settings)")
     args = parser.parse_args(argv)
+    if args.num_tokens is not None and args.semantics != "hma":
+        parser.error("--num-tokens needs --semantics hma")
     if args.file:
         try:
             with open(args.file) as f:
                 body = json.load(f)
         except (OSError, ValueError) as exc:
             parser.error(f"--file {args.file}: {exc}")
+        if not isinstance(body, dict):
+            parser.error(f'--file {args.file}: expected a JSON object {{"block_hashes": ...}}')
     else:
         try:
             hashes = [_hash_arg(h) for h in args.hashes.split(",") if h.strip()]
         except ValueError as exc:
             parser.error(f"--hashes: {exc}")
         body = {"block_hashes": hashes if args.group is None else {str(args.group): hashes}}
+    if args.semantics is not None:  # flags win over the file's fields
+        body["semantics"] = args.semantics
+    if args.num_tokens is not None:
+        body["num_tokens"] = args.num_tokens
     try:
         status, answer = _post(_base_url(args.url) + "/route", body)
     except OSError as exc:

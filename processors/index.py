@@ -39,6 +39,7 @@ from processors.analytics.rows import (
     LifetimeRow,
     hash_to_u64,
 )
+from processors.ranking import rank_key  # the one row order, shared with processors.scatter
 from schemas.envelope import Envelope, GroupSpec, HashConfig
 from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, ExternalHash
 
@@ -357,12 +358,6 @@ class Index:
 
     def known_groups(self) -> list[int]:
         return sorted(g for g, holders in self.holders.items() if holders)
-
-
-def rank_key(row: dict) -> tuple:
-    """The order of `Index.route` rows; one function, so a merge of several workers' rows
-    (`processors.scatter`) ranks exactly as one index would."""
-    return (row["suspect"], -row["score"], -row["gpu_score"], -row["total"], row["node_id"])
 
 
 def _drop_holder(holders: dict[ExternalHash, Holders], h: ExternalHash, slot: Slot) -> None:

@@ -3,7 +3,7 @@
 Each worker's index holds only the events partitions it owns (a node lives in one partition:
 key = node_id), so a worker asked `/route` asks every other live worker for its *local* answer
 (`?local=1`, which never fans out again) and merges. A node's score depends only on that node's
-own entries, so concatenating the workers' rows and sorting them with `index.rank_key` gives the
+own entries, so concatenating the workers' rows and sorting them with `ranking.rank_key` gives the
 ranking one worker holding everything would give.
 
 Peer discovery — Faust's assignor, not a registry of our own. Every worker publishes its
@@ -20,7 +20,10 @@ Correctness does not rest on the map: every local answer says which partitions i
 (restored and still assigned), each partition is taken from one answer only (ours first, so a
 partition handed over mid-rebalance is never counted twice), and the expected partitions are the
 topic's, so whatever no answer covered is reported: `"partial": true, "missing_partitions": [...]`.
-A peer that errs or does not answer within `PEER_TIMEOUT_S` costs its partitions, never a 500.
+A peer that errs or does not answer within `PEER_TIMEOUT_S` costs its partitions, never a 500 —
+except a 400 (or 413): the request is wrong for the peer's nodes (e.g. `"semantics": "hma"` with one hash
+list while a node there has groups at several block sizes), so it is the whole answer, as one
+index holding every node would have given it.
 
 One subtlety, the "same hashes for every group" form (`{"block_hashes": [...]}`): a node is
 scored on its groups among the *known* groups (those any node holds blocks in), and which groups
@@ -35,7 +38,8 @@ import asyncio
 import json
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
-from processors.index import rank_key
+from processors.api import ApiError
+from processors.ranking import rank_key
 
 PEER_TIMEOUT_S = 1.0
 LOCAL_PARAM = "local"
@@ -102,11 +106,14 @@ def merge_nodes(answers: Sequence[dict], expected: Iterable[int]) -> dict:
 
 async def ask_all(peer_urls: Iterable[str], body: dict, ask: PeerFn) -> list[dict]:
     """Local answers of the peers that answered (failures and timeouts are left out: the merge
-    reports their partitions as missing). `ask` enforces the timeout."""
+    reports their partitions as missing; a peer's 400/413 is raised). `ask` enforces the timeout."""
     urls = list(peer_urls)
     if not urls:
         return []
     results = await asyncio.gather(*(ask(url, body) for url in urls), return_exceptions=True)
+    for r in results:
+        if isinstance(r, ApiError):
+            raise r
     return [r for r in results if isinstance(r, dict)]
 
 
@@ -141,6 +148,9 @@ def http_asker(session_factory: Callable[[], Any], path: str, method: str, timeo
         data = json.dumps(body).encode() if method == "POST" else None
         async with session_factory().request(method, target, data=data, timeout=timeout,
                                              headers={"Content-Type": "application/json"}) as resp:
+            if resp.status in (400, 413):  # the request's fault, not the peer's: see the module doc
+                error = json.loads(await resp.read())
+                raise ApiError(resp.status, error.get("error", "bad request"), error.get("detail"))
             if resp.status != 200:
                 raise RuntimeError(f"{target} answered {resp.status}")
             answer = json.loads(await resp.read())

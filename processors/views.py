@@ -10,7 +10,7 @@ from faust import web
 from faust.types import TP
 
 from processors import scatter
-from processors.api import ApiError, check_sql, node_rows, parse_route_request, render_metrics, sql_params
+from processors.api import ApiError, answer_route, check_sql, node_rows, render_metrics, sql_params
 from processors.app import app, settings
 from processors.state import collect_stats, runtime
 
@@ -63,8 +63,7 @@ def _peer_urls() -> dict[str, list[int]]:
 
 def _local_route(body: Any) -> dict:
     own = runtime.index.known_groups()
-    hashes, all_groups = parse_route_request(body, scatter.hinted_groups(body, own))
-    answer = runtime.index.route(hashes, all_groups=all_groups)
+    answer = answer_route(runtime.index, body, scatter.hinted_groups(body, own))
     nodes = runtime.index.nodes
     for row in answer["nodes"]:
         row["partition"] = nodes[row["node_id"]].partition

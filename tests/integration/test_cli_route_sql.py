@@ -105,6 +105,18 @@ def test_route_with_one_list_for_every_group_sees_the_slid_window(running: Runni
     assert _ranked(done.stdout) == [("node-y", {"0": {"GPU": 2}, "1": {"GPU": 1}}), ("node-x", {"0": {"GPU": 4}, "1": {}})]
 
 
+def test_route_with_hma_semantics_ranks_by_the_hybrid_hit_in_tokens(running: Running):
+    done = running.cli.run("route", "--hashes", "11,12,13,14", "--semantics", "hma")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    # node-x's window (4 blocks) lost 11, 12: no 4-block run and no run from block 0 → 0 tokens;
+    # node-y: FA 11, 12 → 32, its window holds 11 only → a 1-block run from block 0 → 16
+    assert answer["semantics"] == "hma"
+    assert [(n["node_id"], n["hit_tokens"]["GPU"]) for n in answer["nodes"]] == [("node-y", 16), ("node-x", 0)]
+    refused = running.cli.run("route", "--hashes", "11", "--num-tokens", "5")
+    assert refused.returncode == 2 and "--num-tokens needs --semantics hma" in refused.stderr
+
+
 def test_sql_prints_a_table_and_json_read_through_the_processor(running: Running):
     expected = sum(running.model.events.values())
     done = running.cli.run("sql", "SELECT count() AS n FROM kv_events_final")

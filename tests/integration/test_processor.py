@@ -128,6 +128,25 @@ def test_published_steps_give_the_index_and_routes_the_test_computes(session: Se
     assert all(not n["suspect"] and n["model"] == "test-model" and len(n["groups"]) == 2 for n in nodes.values())
 
 
+def test_hma_route_counts_a_sliding_window_group_that_holds_only_its_tail(session: Session):
+    # vLLM's default retention: the SWA group (window 64 = 4 blocks of 16) caches only the blocks
+    # ending at the replay boundary; full attention caches all 12. vLLM would hit all 192 tokens.
+    hashes = chain(50)
+    events = [stored(hashes, group=0), stored(hashes[8:], group=1)]
+    pub = session.publisher("hybrid-node")
+    assert pub.publish(events)
+    pub.close()
+    session.model.apply("hybrid-node", events)
+    session.processor.wait_offsets(session.end_offsets())
+    for block_hashes in ({"0": hashes, "1": hashes}, hashes):
+        status, answer = session.processor.post("/route", {"block_hashes": block_hashes, "semantics": "hma"})
+        assert status == 200 and answer["semantics"] == "hma", answer
+        assert [(r["node_id"], r["hit_tokens"], r["exact"]) for r in answer["nodes"]] == \
+            [("hybrid-node", {"GPU": 192, "any": 192}, True)]
+    prefix = session.processor.route({"0": hashes, "1": hashes})
+    assert [(r["node_id"], r["score"]) for r in prefix["nodes"]] == [("hybrid-node", 0)]
+
+
 def test_duplicates_are_skipped_gaps_make_suspects_and_new_epochs_clear(session: Session):
     before = session.processor.get("/stats")["counters"]
     session.raw("dup", 0, [stored([1, 2, 3])])

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from processors import scatter
+from processors.api import ApiError, answer_route
 from processors.index import Index
 from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
 from schemas.events import BlockStored
@@ -32,10 +35,7 @@ NODES = {  # node → (partition, events)
 
 def _local(index: Index, partitions: list[int], body: dict) -> dict:
     own = index.known_groups()
-    groups = scatter.hinted_groups(body, own)
-    raw = body["block_hashes"]
-    hashes = {g: raw for g in groups} if isinstance(raw, list) else {int(g): v for g, v in raw.items()}
-    answer = index.route(hashes, all_groups=isinstance(raw, list))
+    answer = answer_route(index, body, scatter.hinted_groups(body, own))  # what views._local_route runs
     for row in answer["nodes"]:
         row["partition"] = index.nodes[row["node_id"]].partition
     return {**answer, "partitions": partitions, "known_groups": own}
@@ -94,6 +94,35 @@ def test_a_silent_worker_costs_its_partitions_and_a_partition_is_taken_from_one_
                "suspect": False, "score": 2, "gpu_score": 2, "total": 2}]}]
     merged = scatter.merge_route(answers, range(4))
     assert [r["node_id"] for r in merged["nodes"]] == ["b"] and merged["missing_partitions"] == []
+
+
+def test_hma_rows_merge_to_the_single_index_answer_for_both_request_forms():
+    one = _split({"all": [0, 1, 2, 3]})["all"]
+    for raw in ({"0": [1, 2, 3, 4], "1": [1, 2, 3, 4]}, [1, 2, 3, 4]):
+        body = {"block_hashes": raw, "semantics": "hma"}
+        single = _local(one, [0, 1, 2, 3], body)
+        merged = _gather(body, {"x": [0, 2], "y": [1, 3]})
+        assert merged["semantics"] == "hma" and merged["partial"] is False
+        assert merged["nodes"] == [{k: v for k, v in r.items() if k != "partition"} for r in single["nodes"]]
+        # a: FA 3 blocks, SWA run touching 0 of 2 → 32; c: CPU FA 2 + SWA 1 → 16 on "any" only
+        assert [(r["node_id"], r["hit_tokens"]["GPU"], r["hit_tokens"]["any"]) for r in merged["nodes"]] == [
+            ("a", 32, 32), ("c", 0, 16), ("b", 0, 0), ("d", 0, 0)]
+
+
+def test_a_peer_refusing_the_request_refuses_the_whole_answer_not_a_partial_one():
+    x, y = Index(ttl_s=None), Index(ttl_s=None)
+    _apply(x, "a", 0, NODES["a"][1])
+    mixed = [GroupSpec(group_idx=0, kind="full_attention", block_size=16),
+             GroupSpec(group_idx=1, kind="sliding_window", block_size=32, sliding_window=64)]
+    y.apply(Envelope(v=SCHEMA_MAJOR, node_id="m", epoch=1, seq=0, ts=1.0, group_specs=mixed), [_stored([1, 2])], 1, 0)
+    body = {"block_hashes": [1, 2, 3], "semantics": "hma"}
+
+    async def ask(url: str, b: dict) -> dict:
+        return {**_local(y, [1, 2, 3], b), "worker": url}
+
+    with pytest.raises(ApiError) as exc:
+        asyncio.run(scatter.route(body, lambda b: _local(x, [0], b), ["y"], ask, range(4)))
+    assert exc.value.status == 400 and "'m'" in exc.value.detail
 
 
 def test_peers_come_from_the_assignor_map_without_self():
