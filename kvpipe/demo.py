@@ -237,7 +237,8 @@ class Demo:
         for n in nodes_view.get("nodes", []):
             print(f"  {n.get('node_id')}: epoch {n.get('epoch')} seq {n.get('seq')} "
                   f"suspect={n.get('suspect')} live blocks group/medium={n.get('blocks')}")
-        print("route answers (ranked on the full-attention group, g0) for system prompts of two tenants:")
+        print("route answers for system prompts of two tenants, ranked by the HMA-exact hit (tokens vLLM's")
+        print("hybrid coordinator would reuse on that node; `any` counts CPU-offloaded blocks too):")
         seen_prompts: set[tuple] = set()
         for node_id, _, prefixes in nodes:
             if not prefixes.exists():
@@ -247,24 +248,21 @@ class Demo:
                 if key in seen_prompts:
                     continue
                 seen_prompts.add(key)
-                ranked = _http(f"{self.base}/route", {"block_hashes": {"0": prompt["block_hashes"]["0"]}})
-                every = {r["node_id"]: r for r in _http(f"{self.base}/route", {"block_hashes": prompt["block_hashes"]})
-                         .get("nodes", [])}
-                # hma: the hit vLLM's hybrid coordinator would compute on each node. No num_tokens: a
-                # system prompt is the prefix of longer requests, so its last token is not the cap.
-                hma = {r["node_id"]: r for r in _http(f"{self.base}/route", {"block_hashes": prompt["block_hashes"],
-                                                                             "semantics": "hma"}).get("nodes", [])}
+                # No num_tokens: a system prompt is the prefix of longer requests, so its last token
+                # is not the cap.
+                hma = _http(f"{self.base}/route", {"block_hashes": prompt["block_hashes"], "semantics": "hma"})
+                prefix = {r["node_id"]: r for r in _http(f"{self.base}/route", {"block_hashes": prompt["block_hashes"]})
+                          .get("nodes", [])}
                 print(f"  {prompt.get('name')} as served by {node_id} ({prompt.get('num_tokens')} tokens, "
-                      f"{len(key)} full-attention blocks; semantics {ranked.get('semantics')}):")
-                for r in ranked.get("nodes", [])[:3]:
-                    # all groups: sparse sliding-window/Mamba caching (vLLM's default retention 0) keeps
-                    # only tail blocks, so their *prefix* is short while the hma hit is not
+                      f"{len(key)} full-attention blocks):")
+                for r in hma.get("nodes", [])[:3]:
+                    # the per-group prefix shows why a group-blind index misroutes: full attention
+                    # holds the whole prefix on several nodes while a sliding-window group's tail may not
                     per_group = "  ".join(f"g{g}:{'/'.join(f'{m}={n}' for m, n in media.items()) or '-'}"
-                                          for g, media in every.get(r["node_id"], {}).get("prefix", {}).items())
-                    print(f"    {r.get('node_id'):<8} prefix {r.get('score')} blocks (GPU {r.get('gpu_score')})"
-                          f"   hma hit {_hma_hit(hma.get(r['node_id']))}   per group: {per_group}")
-                if not ranked.get("nodes"):
-                    print("    no node holds its first block")
+                                          for g, media in prefix.get(r["node_id"], {}).get("prefix", {}).items())
+                    print(f"    {r.get('node_id'):<8} hma hit {_hma_hit(r)}   prefix blocks per group: {per_group}")
+                if not hma.get("nodes"):
+                    print("    no node holds any of its blocks")
         queries = [
             "SELECT group_idx, kind, count() AS events, sum(num_blocks) AS blocks FROM kv_events_final "
             "GROUP BY group_idx, kind ORDER BY group_idx, kind",
