@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from processors.procrun import free_port
 from schemas.settings import Settings, load_settings
 
 NODES = [
@@ -35,11 +35,6 @@ NODES = [
 ]
 MODEL = "full_attention:16,sliding_window:16:64,mamba:16"  # kind:block_size[:window]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _http(url: str, body: dict | str | None = None, timeout: float = 10.0) -> dict:
@@ -73,7 +68,7 @@ class Demo:
         self.args = args
         self.run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self.state = settings.state_path("demo", self.run).resolve()
-        self.port = _free_port()
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.topics = {k: f"kvpipe-{self.run}-{k}" for k in ("events", "dlq", "snapshots")}
         self.env = dict(os.environ)

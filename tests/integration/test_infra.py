@@ -7,7 +7,6 @@ they read as one session — up, up again, use it, stop it, bring it back.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,16 +18,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra.errors import InfraError
 from infra.topics import TopicSpec, delete_topics, ensure_topics, list_topics
+from processors.procrun import free_port
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Infra:
@@ -67,7 +61,7 @@ def _alive(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def infra(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("infra")
-    inf = Infra(root / "state", _free_port(), _free_port())
+    inf = Infra(root / "state", free_port(), free_port())
     yield inf
     inf.run("down", "--purge")
 
@@ -172,7 +166,7 @@ def test_external_bootstrap_starts_nothing(infra: Infra, tmp_path: Path) -> None
 
 
 def test_an_unreachable_external_bootstrap_is_a_clear_error(infra: Infra) -> None:
-    r = infra.run("up", "--timeout", "3", env={"KVPIPE_KAFKA_BOOTSTRAP": f"127.0.0.1:{_free_port()}"})
+    r = infra.run("up", "--timeout", "3", env={"KVPIPE_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}"})
     assert r.returncode == 1
     assert "does not answer" in r.stderr
 
@@ -220,7 +214,7 @@ def test_down_purge_deletes_the_data(infra: Infra) -> None:
 
 
 def test_a_broker_that_dies_at_startup_is_reported_with_its_log(tmp_path: Path) -> None:
-    inf = Infra(tmp_path / "state", _free_port(), _free_port())
+    inf = Infra(tmp_path / "state", free_port(), free_port())
     r = inf.run("up", env={"KVPIPE_KAFKA_HEAP": "1k"})  # the JVM refuses a 1 KiB heap
     assert r.returncode == 1
     assert "exited during startup" in r.stderr and "console.out" in r.stderr

@@ -11,20 +11,16 @@ from pathlib import Path
 import pytest
 
 from infra.kafka.config import BrokerConfig, new_cluster_id, server_properties
+from processors.procrun import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("KVPIPE_")}
     base.update(PYTHONPATH=str(REPO), KVPIPE_STATE_DIR=str(tmp_path / "state"),
-                KVPIPE_KAFKA_PORT=str(_free_port()), KVPIPE_KAFKA_CONTROLLER_PORT=str(_free_port()))
+                KVPIPE_KAFKA_PORT=str(free_port()), KVPIPE_KAFKA_CONTROLLER_PORT=str(free_port()))
     base.update(env)
     return subprocess.run([sys.executable, "-m", "kvpipe", "infra", *args], cwd=tmp_path, env=base,
                           capture_output=True, text=True, timeout=60)
