@@ -23,6 +23,7 @@ import msgspec
 
 from processors.index import APPLIED, DUPLICATE, REFUSED, STALE, Index
 from processors.ingest import DLQ, Ingest
+from processors.slots import key_of
 from processors.snapshot import decode_chunk, export_partition, import_chunks
 from schemas.codec import ERROR_KINDS, KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from schemas.envelope import HEADER_CONTENT_TYPE, HEADER_VERSION, SCHEMA_MAJOR, Envelope, GroupSpec
@@ -66,7 +67,7 @@ class Model:
                     del self.held[key]
                 continue
             held = self.held.setdefault((node, ev.group_idx or 0, ev.medium or "GPU"), Counter())
-            for h in ev.block_hashes:
+            for h in map(key_of, ev.block_hashes):  # the index keys blocks by their 64-bit form
                 if isinstance(ev, BlockStored):
                     held[h] += 1
                 elif held[h] > 0:
@@ -92,8 +93,7 @@ class Model:
                 if have != dict(want):
                     problems.append(f"{node_id} {key}: index has {len(have)} keys, model {len(want)}")
                 for h in have:
-                    holders = index.holders.get(key[0], {}).get(h)
-                    if holders is not slot and not (isinstance(holders, set) and slot in holders):
+                    if slot not in index.store.holders_of(key[0], h):
                         problems.append(f"{node_id} {key}: hash {h} missing from the inverted view")
                         break
         return problems

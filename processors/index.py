@@ -1,7 +1,7 @@
 """The live cache index: which node holds which block, per group and medium. Pure, no I/O.
 
 This is the hot path (every block of every event passes through `Index.apply`), so it is written
-for speed and measured (`kvpipe bench ingest`); the query side (the inverted view `holders`, read by
+for speed and measured (`kvpipe bench ingest`); the query side (the store's inverted view, read by
 `processors.route_hma.held_positions` for the router) costs one lookup per requested hash.
 
 Invariants:
@@ -32,27 +32,21 @@ Invariants:
   message that ended it (`idx` = event index; -1 for a clear before the events, i.e. a new epoch,
   and for expiry, which is attributed to the node's last applied message).
 
-Layout (performance choices): hashes are dict keys as they come (int or bytes; no tuple keys).
-Each `(node, group, medium)` is a `Slot` with `blocks: hash → stored_ts` of live keys and `dups:
-hash → extra copies` (rarely non-empty, so the common refcount-1 case costs one dict entry). The
-inverted view is one dict per group, `hash → Slot | set[Slot]`: most hashes have one holder, and a
-bare Slot instead of a one-element set saves ~200 bytes and an allocation per block.
+Storage: the per-block state (each slot's blocks with store times and extra copies, and the
+inverted per-group view the router reads) lives in a block store (`processors.slots`): the
+native one by default, the dict reference otherwise, equal on every input
+(tests/property/test_native_index.py). Blocks are keyed by their 64-bit form (`slots.key_of`).
+This module keeps the rules around them: per-node order, epochs, liveness, loss, caps, lifetimes.
 """
 from __future__ import annotations
 
-from typing import Iterable, Union
+from typing import Iterable
 
 from gpu.layout import layout_problem
-from processors.analytics.rows import (
-    REASON_CLEARED,
-    REASON_EVICTED,
-    REASON_NODE_EXPIRED,
-    U64_MASK,
-    LifetimeRow,
-    hash_to_u64,
-)
+from processors.analytics.rows import REASON_CLEARED, REASON_EVICTED, REASON_NODE_EXPIRED, LifetimeRow
+from processors.slots import Slot, StoreKind, make_store
 from schemas.envelope import Envelope, GroupSpec, HashConfig
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, ExternalHash
+from schemas.events import AllBlocksCleared, BlockStored, Event
 
 GPU = "GPU"
 
@@ -60,22 +54,6 @@ APPLIED = "applied"
 DUPLICATE = "duplicate"
 STALE = "stale"
 REFUSED = "refused"  # a new node id while `max_nodes` are tracked
-
-class Slot:
-    """The blocks one node holds in one group on one medium."""
-
-    __slots__ = ("node", "group", "medium", "blocks", "dups")
-
-    def __init__(self, node: "NodeState", group: int, medium: str) -> None:
-        self.node = node
-        self.group = group
-        self.medium = medium
-        self.blocks: dict[ExternalHash, float] = {}
-        self.dups: dict[ExternalHash, int] = {}
-
-    def refcount(self, h: ExternalHash) -> int:
-        return (1 + self.dups.get(h, 0)) if h in self.blocks else 0
-
 
 class NodeState:
     """What the index knows about one serving node (one incarnation = one epoch at a time)."""
@@ -127,14 +105,12 @@ NODE_COUNTERS = ("envelopes", "heartbeats", "events", "stored", "removed", "dupl
                  "capped_stores", "clock_clamped")
 INDEX_COUNTERS = NODE_COUNTERS + ("expired_nodes", "new_epochs", "forgotten_nodes", "refused_envelopes")
 
-Holders = Union[Slot, set]
-
-
 class Index:
     """All nodes of the partitions this processor owns, plus the inverted per-group view."""
 
     def __init__(self, ttl_s: float | None = None, *, retention_s: float | None = None, max_nodes: int | None = None,
-                 max_blocks_per_slot: int | None = None, max_slots_per_node: int | None = None) -> None:
+                 max_blocks_per_slot: int | None = None, max_slots_per_node: int | None = None,
+                 store: StoreKind | None = None) -> None:
         self.ttl_s = ttl_s
         self.retention_s = retention_s
         self.max_nodes = max_nodes
@@ -144,7 +120,7 @@ class Index:
         # came back or were dropped are skipped lazily, so making room is O(1) amortized, not a scan
         self._expired_order: dict[str, NodeState] = {}
         self.nodes: dict[str, NodeState] = {}
-        self.holders: dict[int, dict[ExternalHash, Holders]] = {}
+        self.store = make_store(store)  # the blocks and the inverted view (`processors.slots`)
         self.counters: dict[str, int] = dict.fromkeys(INDEX_COUNTERS, 0)
 
     # -- ingest ------------------------------------------------------------------------------------
@@ -231,7 +207,8 @@ class Index:
     def _apply_events(self, node: NodeState, events: list[Event], ts: float, partition: int, offset: int,
                       closed: list[LifetimeRow]) -> None:
         slots = node.slots
-        all_holders = self.holders
+        store = self.store
+        cap = self.max_blocks_per_slot
         stored = removed = unknown = 0
         for idx, ev in enumerate(events):
             cls = ev.__class__
@@ -247,51 +224,20 @@ class Index:
                 if self.max_slots_per_node is not None and len(slots) >= self.max_slots_per_node:
                     self._refuse_slot(node, group, medium, ev)
                     continue
-                slot = slots[(group, medium)] = Slot(node, group, medium)
-            holders = all_holders.get(group)
-            if holders is None:
-                holders = all_holders[group] = {}
-            blocks, dups = slot.blocks, slot.dups
+                slot = slots[(group, medium)] = store.new_slot(node, group, medium)
             if cls is BlockStored:
-                hashes = ev.block_hashes
-                cap = self.max_blocks_per_slot
-                if cap is not None and len(blocks) + len(hashes) > cap:
-                    hashes = self._within_cap(node, slot, hashes, cap)
-                for h in hashes:
-                    if h in blocks:
-                        dups[h] = dups.get(h, 0) + 1
-                        continue
-                    blocks[h] = ts
-                    cur = holders.get(h)
-                    if cur is None:
-                        holders[h] = slot
-                    elif cur.__class__ is Slot:
-                        holders[h] = {cur, slot}
-                    else:
-                        cur.add(slot)
-                stored += len(hashes)
-            elif cls is BlockRemoved:
-                for h in ev.block_hashes:
-                    extra = dups.get(h)
-                    if extra is not None:  # another copy still serves hits
-                        if extra > 1:
-                            dups[h] = extra - 1
-                        else:
-                            del dups[h]
-                        removed += 1
-                        continue
-                    stored_ts = blocks.pop(h, None)
-                    if stored_ts is None:  # removal of a block we never saw stored: counted, not an error
-                        unknown += 1
-                        continue
-                    removed += 1
-                    if holders.get(h) is slot:  # the common case, inlined: this node is the only holder
-                        del holders[h]
-                    else:
-                        _drop_holder(holders, h, slot)
-                    closed.append(LifetimeRow(node.node_id, node.epoch, group, medium,
-                                              h & U64_MASK if h.__class__ is int else hash_to_u64(h),
-                                              stored_ts, ts, REASON_EVICTED, partition, offset, idx))
+                kept, refused = store.store(slot, ev.block_hashes, ts, cap)
+                stored += kept
+                if refused:
+                    self._capped(node, slot, refused, cap)
+            else:  # BlockRemoved
+                n, missing, keys, times = store.remove(slot, ev.block_hashes)
+                removed += n
+                unknown += missing
+                node_id, epoch = node.node_id, node.epoch
+                for k, stored_ts in zip(keys, times):
+                    closed.append(LifetimeRow(node_id, epoch, group, medium, k, stored_ts, ts, REASON_EVICTED,
+                                              partition, offset, idx))
         c, nc = self.counters, node.counters
         c["events"] += len(events)
         nc["events"] += len(events)
@@ -304,23 +250,12 @@ class Index:
         c[key] += unknown
         nc[key] += unknown
 
-    def _within_cap(self, node: NodeState, slot: Slot, hashes: list[ExternalHash], cap: int) -> list[ExternalHash]:
-        """The prefix of `hashes` that fits the per-slot cap (copies of held hashes always fit)."""
-        room = cap - len(slot.blocks)
-        kept: list[ExternalHash] = []
-        for h in hashes:
-            if h in slot.blocks:
-                kept.append(h)
-            elif room > 0:
-                kept.append(h)
-                room -= 1
-        refused = len(hashes) - len(kept)
-        if refused:
-            node.counters["capped_stores"] += refused
-            self.counters["capped_stores"] += refused
-            node.mark_suspect(f"group {slot.group} {slot.medium}: over the cap of {cap} blocks per group and medium; "
-                              f"{node.counters['capped_stores']} stores not indexed")
-        return kept
+    def _capped(self, node: NodeState, slot: Slot, refused: int, cap: int | None) -> None:
+        """Stores past the per-slot cap were not indexed: counted, and the node says why."""
+        node.counters["capped_stores"] += refused
+        self.counters["capped_stores"] += refused
+        node.mark_suspect(f"group {slot.group} {slot.medium}: over the cap of {cap} blocks per group and medium; "
+                          f"{node.counters['capped_stores']} stores not indexed")
 
     def _refuse_slot(self, node: NodeState, group: int, medium: str, ev: Event) -> None:
         """A (group, medium) past the per-node cap: its stores are not indexed (removes of it hold nothing)."""
@@ -354,10 +289,8 @@ class Index:
         return False
 
     def _forget(self, node: NodeState) -> None:
-        for slot in node.slots.values():  # empty after expiry; kept for safety
-            holders = self.holders.get(slot.group, {})
-            for h in slot.blocks:
-                _drop_holder(holders, h, slot)
+        for slot in node.slots.values():  # none after expiry; kept for safety
+            self.store.close(slot)
         del self.nodes[node.node_id]
         self._expired_order.pop(node.node_id, None)
         self.counters["forgotten_nodes"] += 1
@@ -366,11 +299,10 @@ class Index:
                      closed: list[LifetimeRow]) -> None:
         """Drop every entry of these slots (all copies), one lifetime per key."""
         for slot in list(slots):
-            holders = self.holders.get(slot.group, {})
-            for h, stored_ts in slot.blocks.items():
-                _drop_holder(holders, h, slot)
-                closed.append(LifetimeRow(node.node_id, node.epoch, slot.group, slot.medium, hash_to_u64(h), stored_ts, ts,
-                                          reason, node.partition, offset, idx))
+            keys, times = self.store.close(slot)
+            node_id, epoch, group, medium, partition = node.node_id, node.epoch, slot.group, slot.medium, node.partition
+            closed.extend([LifetimeRow(node_id, epoch, group, medium, k, stored_ts, ts, reason, partition, offset, idx)
+                           for k, stored_ts in zip(keys, times)])
             del node.slots[(slot.group, slot.medium)]
 
     def _expire_node(self, node: NodeState, closed: list[LifetimeRow]) -> None:
@@ -407,26 +339,20 @@ class Index:
         gone = [n for n in self.nodes.values() if n.partition == partition]
         for node in gone:
             for slot in node.slots.values():
-                holders = self.holders.get(slot.group, {})
-                for h in slot.blocks:
-                    _drop_holder(holders, h, slot)
+                self.store.close(slot)
             del self.nodes[node.node_id]
         return len(gone)
 
-    def add_slot_entries(self, slot: Slot, blocks: dict[ExternalHash, float], dups: dict[ExternalHash, int]) -> None:
+    def slot(self, node: NodeState, group: int, medium: str) -> Slot:
+        """The node's slot for (group, medium), made if new (snapshot restore; no cap applies)."""
+        slot = node.slots.get((group, medium))
+        if slot is None:
+            slot = node.slots[(group, medium)] = self.store.new_slot(node, group, medium)
+        return slot
+
+    def add_slot_entries(self, slot: Slot, blocks: dict, dups: dict) -> None:
         """Load entries into a slot (snapshot restore), keeping the inverted view in step."""
-        slot.blocks.update(blocks)
-        slot.dups.update(dups)
-        holders = self.holders.setdefault(slot.group, {})
-        for h in blocks:
-            cur = holders.get(h)
-            if cur is None:
-                holders[h] = slot
-            elif cur.__class__ is Slot:
-                if cur is not slot:
-                    holders[h] = {cur, slot}
-            else:
-                cur.add(slot)
+        self.store.load(slot, blocks, dups)
 
     # -- queries -----------------------------------------------------------------------------------
 
@@ -446,12 +372,3 @@ def partial_fields(node: NodeState) -> dict:
     return {"partial": since is not None,
             "partial_since": None if since is None else {"epoch": since[0], "seq": since[1], "ts": since[2]}}
 
-
-def _drop_holder(holders: dict[ExternalHash, Holders], h: ExternalHash, slot: Slot) -> None:
-    cur = holders.get(h)
-    if cur is slot:
-        del holders[h]
-    elif cur is not None and cur.__class__ is not Slot:
-        cur.discard(slot)
-        if len(cur) == 1:
-            holders[h] = next(iter(cur))

@@ -4,7 +4,7 @@ for the router (`processors.router.decide`).
 Per-group longest prefixes are wrong for hybrid models: with vLLM's default retention a
 sliding-window or Mamba group caches only tail blocks, so its *prefix* is ~0 while the node would
 serve a long hit. So each requested hash is looked up once per group in the inverted view
-(`Index.holders`), giving per node and `(group, medium)` the *positions* of the request's blocks it
+(the index's block store, `processors.slots`), giving per node and `(group, medium)` the *positions* of the request's blocks it
 holds (`held_positions`); the hit search then runs on positions (`longest_hybrid_hit_in_views` takes
 any hashable values) on the node's own group specs (`node_model`), so a node costs set lookups,
 never another pass over the index.
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from gpu.hit import longest_hybrid_hit_in_views
 from gpu.layout import NodeLayout, node_layout
-from processors.index import Index, NodeState, Slot
+from processors.index import Index, NodeState
 from schemas.events import ExternalHash
 
 # Per node: (group, medium) → positions of the request's blocks (in that group's list) it holds.
@@ -101,20 +101,7 @@ def held_positions(index: Index, hashes_by_group: dict[int, list[ExternalHash]])
     """Which requested blocks each live node holds, per group and medium: one inverted-view lookup
     per (group, hash), all nodes at once. Unlike a prefix scan this cannot stop at the first
     miss — sparse groups hold tail blocks only."""
-    by_slot: dict[Slot, set[int]] = {}  # a slot is one (node, group, medium): one dict op per hit
-    for group, hashes in hashes_by_group.items():
-        holders = index.holders.get(group)
-        if not holders:
-            continue
-        for i, h in enumerate(hashes):
-            cur = holders.get(h)
-            if cur is None:
-                continue
-            for slot in ((cur,) if cur.__class__ is Slot else cur):
-                positions = by_slot.get(slot)
-                if positions is None:
-                    positions = by_slot[slot] = set()
-                positions.add(i)
+    by_slot = index.store.held(hashes_by_group)
     out: dict[NodeState, Held] = {}
     for slot, positions in by_slot.items():
         if not slot.node.expired:

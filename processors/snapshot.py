@@ -17,7 +17,7 @@ import math
 
 import msgspec
 
-from processors.index import Index, NodeState, Slot
+from processors.index import Index, NodeState
 from schemas.envelope import GroupSpec, HashConfig
 from schemas.events import ExternalHash
 
@@ -134,8 +134,10 @@ def export_partition(index: Index, partition: int, gen: int, chunk_bytes: int = 
         current.append(header)
         size += 256
         for slot in node.slots.values():
-            hashes = list(slot.blocks)
-            stored = list(slot.blocks.values())
+            entries = slot.blocks.items()  # one read: keys and times in one order
+            hashes = [h for h, _ in entries]
+            stored = [t for _, t in entries]
+            dups = dict(slot.dups)
             blocks += len(hashes)
             start = 0
             while True:
@@ -144,7 +146,7 @@ def export_partition(index: Index, partition: int, gen: int, chunk_bytes: int = 
                     room -= _hash_bytes(hashes[end]) + 9
                     end += 1
                 piece = SlotSnap(slot.group, slot.medium, hashes[start:end], stored[start:end],
-                                 {h: slot.dups[h] for h in hashes[start:end] if h in slot.dups} if slot.dups else {})
+                                 {h: dups[h] for h in hashes[start:end] if h in dups} if dups else {})
                 header.slots.append(piece)
                 size = chunk_bytes - room
                 start = end
@@ -192,9 +194,7 @@ def import_chunks(index: Index, partition: int, chunks: list[Chunk], max_ts: flo
                 if node.expired:
                     index.note_expired(node)
             for piece in snap.slots:
-                slot = node.slots.get((piece.group, piece.medium))
-                if slot is None:
-                    slot = node.slots[(piece.group, piece.medium)] = Slot(node, piece.group, piece.medium)
+                slot = index.slot(node, piece.group, piece.medium)
                 index.add_slot_entries(slot, dict(zip(piece.hashes, piece.stored_ts)), piece.dups)
                 loaded += len(piece.hashes)
     return loaded

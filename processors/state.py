@@ -11,6 +11,7 @@ from typing import Any
 from processors.api import NODE_STATES, node_state
 from processors.app import settings
 from processors.durability import Durability
+from processors import slots
 from processors.index import Index
 from processors.ingest import Ingest
 from processors.metrics import ProcessorMetrics
@@ -23,7 +24,8 @@ class Runtime:
     def __init__(self) -> None:
         self.index = Index(ttl_s=settings.node_ttl_s, retention_s=settings.node_retention_s,
                            max_nodes=settings.max_nodes, max_blocks_per_slot=settings.max_blocks_per_slot,
-                           max_slots_per_node=settings.max_slots_per_node)
+                           max_slots_per_node=settings.max_slots_per_node,
+                           store=settings.index_store if slots.native_available() else "python")
         # one in-flight accounting per worker: it speculates only on nodes this worker's index holds
         self.inflight = InFlight(settings.route_inflight_ttl_s, settings.route_inflight_max_requests,
                                  settings.route_inflight_max_entries)
@@ -61,6 +63,8 @@ def collect_stats(rt: Runtime, highwater) -> dict:
         "counters": counters,
         "dlq_by_reason": dict(ing.dlq_by_reason),
         "index": rt.index.sizes(),
+        "index_store": {"kind": rt.index.store.kind, "entries": rt.index.store.entries(),
+                        "memory_bytes": rt.index.store.memory_bytes()},
         "nodes": {state: 0 for state in NODE_STATES} | Counter(node_state(n) for n in nodes),
         "freshness": freshness,
         "durability": rt.durability.stats,

@@ -127,6 +127,9 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the hit search: "native" (native/, built by infra/scripts/venv.sh; the Python one when it is not
     # importable) or "python" (gpu/hit.py, the reference): equal answers, the native one is faster
     route_search_engine: Literal["native", "python"] = "native"
+    # where the index keeps its blocks (processors/slots.py): "native" (native/; the dict reference
+    # when it is not importable) or "python" (the reference): equal answers, native is smaller and faster
+    index_store: Literal["native", "python"] = "native"
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{name}={_masked(name, getattr(self, name))!r}" for name in _FIELDS)

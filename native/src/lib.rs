@@ -4,11 +4,12 @@
 //! layout id and runs `hit::find_hit` on held-position sets.
 
 pub mod hit;
+pub mod store;
 
 use hit::{find_hit, Held, Kind, Layout, SpecGroup};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyAny, PyList, PySet};
+use pyo3::types::{PyAny, PyBytes, PyInt, PyList, PySet};
 
 /// Spec models by layout id, registered once per layout, searched many times.
 #[pyclass(module = "kvpipe_native")]
@@ -178,8 +179,155 @@ fn bitset(obj: &Bound<'_, PyAny>, len: usize) -> PyResult<Vec<u64>> {
     Ok(w)
 }
 
+/// A vLLM block hash as the 64-bit key the store uses: an int masked to 64 bits, bytes by their
+/// last 8 bytes big-endian (`processors/analytics/rows.py: hash_to_u64`, the same rule).
+fn key_of(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if let Ok(b) = obj.downcast::<PyBytes>() {
+        let d = b.as_bytes();
+        return Ok(d[d.len().saturating_sub(8)..]
+            .iter()
+            .fold(0u64, |v, &x| (v << 8) | x as u64));
+    }
+    if obj.is_instance_of::<PyInt>() {
+        // SAFETY: obj is a live int; the call masks any int to 64 bits and fails only on non-ints.
+        let v = unsafe { pyo3::ffi::PyLong_AsUnsignedLongLongMask(obj.as_ptr()) };
+        if v == u64::MAX {
+            if let Some(err) = PyErr::take(obj.py()) {
+                return Err(err);
+            }
+        }
+        return Ok(v);
+    }
+    Err(PyTypeError::new_err(format!(
+        "a block hash must be int or bytes, got {}",
+        obj.get_type().name()?
+    )))
+}
+
+fn keys_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    if let Ok(list) = obj.downcast::<PyList>() {
+        let mut out = Vec::with_capacity(list.len());
+        for item in list.iter() {
+            out.push(key_of(&item)?);
+        }
+        return Ok(out);
+    }
+    obj.try_iter()?.map(|item| key_of(&item?)).collect()
+}
+
+fn err(e: String) -> PyErr {
+    PyValueError::new_err(e)
+}
+
+/// The index's per-block storage (`store::Store`) for `processors/index.py`: slots by id, blocks
+/// by 64-bit key. Hash arguments are ints or bytes (vLLM's external forms), read with `key_of`.
+#[pyclass(module = "kvpipe_native")]
+#[derive(Default)]
+struct IndexStore {
+    inner: store::Store,
+}
+
+type Closed = (Vec<u64>, Vec<f64>);
+
+#[pymethods]
+impl IndexStore {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+
+    fn new_slot(&mut self, group: u64) -> PyResult<u32> {
+        self.inner.new_slot(group).map_err(err)
+    }
+
+    /// Store `hashes` at `ts` (cap: blocks per slot, None for none). Returns (kept, refused).
+    #[pyo3(signature = (slot, hashes, ts, cap=None))]
+    fn store(&mut self, slot: u32, hashes: &Bound<'_, PyAny>, ts: f64, cap: Option<usize>) -> PyResult<(usize, usize)> {
+        let keys = keys_of(hashes)?;
+        self.inner.store(slot, &keys, ts, cap).map_err(err)
+    }
+
+    /// Remove one copy of each hash. Returns (removed, unknown, ended keys, their store times).
+    fn remove(&mut self, slot: u32, hashes: &Bound<'_, PyAny>) -> PyResult<(usize, usize, Vec<u64>, Vec<f64>)> {
+        let keys = keys_of(hashes)?;
+        let r = self.inner.remove(slot, &keys).map_err(err)?;
+        Ok((r.removed, r.unknown, r.keys, r.ts))
+    }
+
+    /// Drop the slot and every entry; returns them (keys, store times) sorted by (time, key).
+    fn close(&mut self, slot: u32) -> PyResult<Closed> {
+        self.inner.close(slot).map_err(err)
+    }
+
+    fn load(&mut self, slot: u32, keys: &Bound<'_, PyAny>, ts: Vec<f64>, extra: Vec<(u64, u32)>) -> PyResult<()> {
+        let keys = keys_of(keys)?;
+        self.inner.load(slot, &keys, &ts, &extra).map_err(err)
+    }
+
+    fn slot_len(&self, slot: u32) -> PyResult<usize> {
+        self.inner.len(slot).map_err(err)
+    }
+
+    fn get(&self, slot: u32, hash: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
+        self.inner.get(slot, key_of(hash)?).map_err(err)
+    }
+
+    /// Copies of `hash` the slot holds (0 when none).
+    fn copies(&self, slot: u32, hash: &Bound<'_, PyAny>) -> PyResult<u32> {
+        self.inner.copies(slot, key_of(hash)?).map_err(err)
+    }
+
+    fn items(&self, slot: u32) -> PyResult<Closed> {
+        self.inner.items(slot).map_err(err)
+    }
+
+    fn dup_items(&self, slot: u32) -> PyResult<Vec<(u64, u32)>> {
+        self.inner.dup_items(slot).map_err(err)
+    }
+
+    fn holders(&self, group: u64, hash: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        Ok(self.inner.holders(group, key_of(hash)?))
+    }
+
+    /// Per slot holding any of the request's blocks, the set of positions it holds: `lists` is
+    /// `[(group, hashes)]`, one lookup per (group, hash).
+    fn held<'py>(&self, py: Python<'py>, lists: Vec<(u64, Bound<'py, PyAny>)>) -> PyResult<Vec<(u32, Bound<'py, PySet>)>> {
+        let mut by_slot: Vec<(u32, Vec<usize>)> = Vec::new();
+        let mut at: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+        for (group, hashes) in lists {
+            let keys = keys_of(&hashes)?;
+            self.inner.for_each_held(group, &keys, |sid, i| {
+                let k = *at.entry(sid).or_insert_with(|| {
+                    by_slot.push((sid, Vec::new()));
+                    by_slot.len() - 1
+                });
+                by_slot[k].1.push(i);
+            });
+        }
+        by_slot
+            .into_iter()
+            .map(|(sid, pos)| Ok((sid, PySet::new(py, &pos)?)))
+            .collect()
+    }
+
+    fn slot_group(&self, slot: u32) -> PyResult<u64> {
+        self.inner.slot_group(slot).map_err(err)
+    }
+
+    /// Live (block × holder) entries.
+    fn entries(&self) -> usize {
+        self.inner.entries()
+    }
+
+    /// Heap bytes of the storage (tables at their allocated size).
+    fn memory_bytes(&self) -> usize {
+        self.inner.memory_bytes()
+    }
+}
+
 #[pymodule]
 fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HitEngine>()?;
+    m.add_class::<IndexStore>()?;
     Ok(())
 }

@@ -10,6 +10,7 @@ from processors.analytics.query import AnalystQueries, QueryLimits
 from processors.analytics.restores import RestoreTracker
 from processors.analytics.sink import AnalyticsSink
 from processors.durability import Durability
+from processors import slots
 from processors.index import Index
 from processors.ingest import Ingest
 
@@ -19,7 +20,8 @@ class AnalyticsRuntime:
         # the routing app's bounds and clock rule too: one set of lifetimes, epochs and expiries
         self.index = Index(ttl_s=settings.node_ttl_s, retention_s=settings.node_retention_s,
                            max_nodes=settings.max_nodes, max_blocks_per_slot=settings.max_blocks_per_slot,
-                           max_slots_per_node=settings.max_slots_per_node)
+                           max_slots_per_node=settings.max_slots_per_node,
+                           store=settings.index_store if slots.native_available() else "python")
         self.ingest = Ingest(self.index, settings.max_message_bytes, settings.max_clock_skew_s)
         self.durability = Durability(self.ingest, settings.bootstrap(), settings.events_topic,
                                      settings.analytics_snapshot_topic, settings.analytics_id)

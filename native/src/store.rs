@@ -1,0 +1,536 @@
+//! The index's block storage: which slot (one node's group on one medium) holds which block, with
+//! the store time of its first copy and the count of extra copies, plus the inverted view per group
+//! (block → slots) that routes read. The rules around it (epochs, sequence numbers, expiry, caps,
+//! lifetimes' reasons) stay in `processors/index.py`; this holds the per-block state, which is
+//! what costs memory and time at a million entries.
+//!
+//! Layout, chosen for memory (each line is per (block × holder) entry unless said):
+//! - per slot, an open-addressing table of `(key u64, stored_ts f64)`: 16 B + 1 control byte;
+//! - per group, an open-addressing table of `(key u64, holder u32)` packed to 12 B + 1 control
+//!   byte per *distinct* block; a block held by several slots keeps its holders in a spill vector
+//!   (`holder` then has the top bit set and indexes the spills), so the common single holder
+//!   costs no allocation;
+//! - extra copies (vLLM does not de-duplicate identical blocks) in one side table keyed by
+//!   (slot, key), empty in the common case.
+//!
+//! Keys are vLLM's 64-bit block hashes (`processors/analytics/rows.py: hash_to_u64`). The tables
+//! hash them again with a per-process random seed (foldhash): keys come from the network, and a
+//! fixed hash would let a hostile node pile every key into one probe sequence.
+
+use foldhash::fast::RandomState;
+use hashbrown::{HashMap, HashTable};
+use std::hash::BuildHasher;
+
+/// Marks a holder field that indexes `spills` instead of naming one slot.
+const SPILL: u32 = 1 << 31;
+
+#[derive(Clone, Copy)]
+#[repr(C, packed(4))]
+struct Holder {
+    key: u64,
+    v: u32,
+}
+
+#[derive(Clone, Copy)]
+struct Block {
+    key: u64,
+    ts: f64,
+}
+
+struct Slot {
+    group: u64,
+    live: bool,
+    extra: u32, // entries of this slot in `dups` (so closing a slot skips that table when 0)
+    blocks: HashTable<Block>,
+}
+
+/// What one `remove` did: copies removed, removals of blocks never stored, and the entries whose
+/// last copy went (their lifetimes end), as key and store time.
+#[derive(Default)]
+pub struct Removed {
+    pub removed: usize,
+    pub unknown: usize,
+    pub keys: Vec<u64>,
+    pub ts: Vec<f64>,
+}
+
+pub struct Store {
+    rs: RandomState,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    groups: HashMap<u64, HashTable<Holder>, RandomState>,
+    spills: Vec<Vec<u32>>,
+    free_spills: Vec<u32>,
+    dups: HashMap<(u32, u64), u32, RandomState>,
+    entries: usize,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[inline]
+fn hkey(rs: &RandomState, key: u64) -> u64 {
+    rs.hash_one(key)
+}
+
+impl Store {
+    pub fn new() -> Self {
+        Store {
+            rs: RandomState::default(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            groups: HashMap::with_hasher(RandomState::default()),
+            spills: Vec::new(),
+            free_spills: Vec::new(),
+            dups: HashMap::with_hasher(RandomState::default()),
+            entries: 0,
+        }
+    }
+
+    /// A new empty slot of `group`; ids of closed slots are reused.
+    pub fn new_slot(&mut self, group: u64) -> Result<u32, String> {
+        let slot = Slot {
+            group,
+            live: true,
+            extra: 0,
+            blocks: HashTable::new(),
+        };
+        self.groups
+            .entry(group)
+            .or_insert_with(HashTable::new);
+        if let Some(id) = self.free.pop() {
+            self.slots[id as usize] = slot;
+            return Ok(id);
+        }
+        if self.slots.len() as u64 >= SPILL as u64 {
+            return Err("more than 2^31 slots".into());
+        }
+        self.slots.push(slot);
+        Ok((self.slots.len() - 1) as u32)
+    }
+
+    fn slot(&self, id: u32) -> Result<&Slot, String> {
+        match self.slots.get(id as usize) {
+            Some(s) if s.live => Ok(s),
+            _ => Err(format!("no live slot {id}")),
+        }
+    }
+
+    pub fn len(&self, id: u32) -> Result<usize, String> {
+        Ok(self.slot(id)?.blocks.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+
+    pub fn entries(&self) -> usize {
+        self.entries
+    }
+
+    pub fn get(&self, id: u32, key: u64) -> Result<Option<f64>, String> {
+        let rs = &self.rs;
+        Ok(self.slot(id)?
+            .blocks
+            .find(hkey(rs, key), |b| b.key == key)
+            .map(|b| b.ts))
+    }
+
+    pub fn copies(&self, id: u32, key: u64) -> Result<u32, String> {
+        Ok(match self.get(id, key)? {
+            None => 0,
+            Some(_) => 1 + self.dups.get(&(id, key)).copied().unwrap_or(0),
+        })
+    }
+
+    /// The slot's entries sorted by (store time, key): the order lifetimes and snapshots use.
+    pub fn items(&self, id: u32) -> Result<(Vec<u64>, Vec<f64>), String> {
+        let mut all: Vec<Block> = self.slot(id)?.blocks.iter().copied().collect();
+        sort_blocks(&mut all);
+        Ok((all.iter().map(|b| b.key).collect(), all.iter().map(|b| b.ts).collect()))
+    }
+
+    /// The slot's extra copies, `(key, extra copies)` sorted by key.
+    pub fn dup_items(&self, id: u32) -> Result<Vec<(u64, u32)>, String> {
+        let s = self.slot(id)?;
+        if s.extra == 0 {
+            return Ok(Vec::new());
+        }
+        let mut out: Vec<(u64, u32)> = self
+            .dups
+            .iter()
+            .filter(|((sid, _), _)| *sid == id)
+            .map(|((_, k), &n)| (*k, n))
+            .collect();
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// Store `keys` at `ts`. With a `cap` (blocks per slot) that the store would pass, only the
+    /// keys it holds already plus new ones while there is room are kept, judged on the slot
+    /// before this call (as `processors/index.py: Index._within_cap`). Returns (kept, refused).
+    pub fn store(
+        &mut self,
+        id: u32,
+        keys: &[u64],
+        ts: f64,
+        cap: Option<usize>,
+    ) -> Result<(usize, usize), String> {
+        let Store {
+            rs,
+            slots,
+            groups,
+            spills,
+            free_spills,
+            dups,
+            entries,
+            ..
+        } = self;
+        let slot = match slots.get_mut(id as usize) {
+            Some(s) if s.live => s,
+            _ => return Err(format!("no live slot {id}")),
+        };
+        let given = keys.len();
+        let filtered: Vec<u64>;
+        let keys = match cap {
+            Some(cap) if slot.blocks.len() + keys.len() > cap => {
+                let mut room = cap.saturating_sub(slot.blocks.len());
+                filtered = keys
+                    .iter()
+                    .copied()
+                    .filter(|&k| {
+                        if slot.blocks.find(hkey(rs, k), |b| b.key == k).is_some() {
+                            true
+                        } else if room > 0 {
+                            room -= 1;
+                            true
+                        } else {
+                            false
+                        }
+                    })
+                    .collect();
+                &filtered[..]
+            }
+            _ => keys,
+        };
+        let table = groups.get_mut(&slot.group).expect("group table made with the slot");
+        for &k in keys {
+            let h = hkey(rs, k);
+            if slot.blocks.find(h, |b| b.key == k).is_some() {
+                *dups.entry((id, k)).or_insert(0) += 1;
+                slot.extra += 1;
+                continue;
+            }
+            slot.blocks
+                .insert_unique(h, Block { key: k, ts }, |b| hkey(rs, b.key));
+            *entries += 1;
+            add_holder(table, spills, free_spills, rs, k, id);
+        }
+        Ok((keys.len(), given - keys.len()))
+    }
+
+    /// Remove one copy of each key; the last copy's removal ends the entry.
+    pub fn remove(&mut self, id: u32, keys: &[u64]) -> Result<Removed, String> {
+        let Store {
+            rs,
+            slots,
+            groups,
+            spills,
+            free_spills,
+            dups,
+            entries,
+            ..
+        } = self;
+        let slot = match slots.get_mut(id as usize) {
+            Some(s) if s.live => s,
+            _ => return Err(format!("no live slot {id}")),
+        };
+        let table = groups.get_mut(&slot.group).expect("group table made with the slot");
+        let mut out = Removed::default();
+        for &k in keys {
+            if slot.extra > 0 {
+                if let Some(n) = dups.get_mut(&(id, k)) {
+                    if *n > 1 {
+                        *n -= 1;
+                    } else {
+                        dups.remove(&(id, k));
+                    }
+                    slot.extra -= 1;
+                    out.removed += 1;
+                    continue;
+                }
+            }
+            match slot.blocks.find_entry(hkey(rs, k), |b| b.key == k) {
+                Ok(e) => {
+                    let (b, _) = e.remove();
+                    *entries -= 1;
+                    drop_holder(table, spills, free_spills, rs, k, id);
+                    out.removed += 1;
+                    out.keys.push(k);
+                    out.ts.push(b.ts);
+                }
+                Err(_) => out.unknown += 1,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Drop every entry of the slot (all copies) and free it; returns its entries sorted by
+    /// (store time, key).
+    pub fn close(&mut self, id: u32) -> Result<(Vec<u64>, Vec<f64>), String> {
+        let Store {
+            rs,
+            slots,
+            free,
+            groups,
+            spills,
+            free_spills,
+            dups,
+            entries,
+            ..
+        } = self;
+        let slot = match slots.get_mut(id as usize) {
+            Some(s) if s.live => s,
+            _ => return Err(format!("no live slot {id}")),
+        };
+        let table = groups.get_mut(&slot.group).expect("group table made with the slot");
+        let mut all: Vec<Block> = slot.blocks.drain().collect();
+        *entries -= all.len();
+        for b in &all {
+            drop_holder(table, spills, free_spills, rs, b.key, id);
+        }
+        if slot.extra > 0 {
+            dups.retain(|(sid, _), _| *sid != id);
+        }
+        slot.live = false;
+        slot.extra = 0;
+        slot.blocks = HashTable::new();
+        free.push(id);
+        sort_blocks(&mut all);
+        Ok((all.iter().map(|b| b.key).collect(), all.iter().map(|b| b.ts).collect()))
+    }
+
+    /// Load entries (a snapshot restore): `keys[i]` stored at `ts[i]`, then the extra copies.
+    pub fn load(
+        &mut self,
+        id: u32,
+        keys: &[u64],
+        ts: &[f64],
+        extra: &[(u64, u32)],
+    ) -> Result<(), String> {
+        if keys.len() != ts.len() {
+            return Err("keys and store times differ in length".into());
+        }
+        let Store {
+            rs,
+            slots,
+            groups,
+            spills,
+            free_spills,
+            dups,
+            entries,
+            ..
+        } = self;
+        let slot = match slots.get_mut(id as usize) {
+            Some(s) if s.live => s,
+            _ => return Err(format!("no live slot {id}")),
+        };
+        let table = groups.get_mut(&slot.group).expect("group table made with the slot");
+        for (&k, &t) in keys.iter().zip(ts) {
+            let h = hkey(rs, k);
+            match slot.blocks.find_mut(h, |b| b.key == k) {
+                Some(b) => b.ts = t,
+                None => {
+                    slot.blocks.insert_unique(h, Block { key: k, ts: t }, |b| hkey(rs, b.key));
+                    *entries += 1;
+                    add_holder(table, spills, free_spills, rs, k, id);
+                }
+            }
+        }
+        for &(k, n) in extra {
+            if n == 0 || slot.blocks.find(hkey(rs, k), |b| b.key == k).is_none() {
+                continue; // copies of a block not held mean nothing
+            }
+            let cur = dups.entry((id, k)).or_insert(0);
+            slot.extra = slot.extra - *cur + n;
+            *cur = n;
+        }
+        Ok(())
+    }
+
+    /// The slots holding `key` in `group`.
+    pub fn holders(&self, group: u64, key: u64) -> Vec<u32> {
+        let Some(table) = self.groups.get(&group) else {
+            return Vec::new();
+        };
+        match table.find(hkey(&self.rs, key), |x| { x.key } == key) {
+            None => Vec::new(),
+            Some(x) => {
+                let v = x.v;
+                if v & SPILL == 0 {
+                    vec![v]
+                } else {
+                    self.spills[(v & !SPILL) as usize].clone()
+                }
+            }
+        }
+    }
+
+    /// Calls `f(slot, position)` for every (position of `keys`, slot holding it) in `group`.
+    #[inline]
+    pub fn for_each_held(&self, group: u64, keys: &[u64], mut f: impl FnMut(u32, usize)) {
+        let Some(table) = self.groups.get(&group) else {
+            return;
+        };
+        if table.is_empty() {
+            return;
+        }
+        for (i, &k) in keys.iter().enumerate() {
+            if let Some(x) = table.find(hkey(&self.rs, k), |x| { x.key } == k) {
+                let v = x.v;
+                if v & SPILL == 0 {
+                    f(v, i);
+                } else {
+                    for &s in &self.spills[(v & !SPILL) as usize] {
+                        f(s, i);
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn slot_group(&self, id: u32) -> Result<u64, String> {
+        Ok(self.slot(id)?.group)
+    }
+
+    /// Bytes the storage holds on the heap (tables at their allocated size, spills, slot records).
+    pub fn memory_bytes(&self) -> usize {
+        let mut n = self.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.free.capacity() * 4
+            + self.free_spills.capacity() * 4
+            + self.spills.capacity() * std::mem::size_of::<Vec<u32>>()
+            + self.dups.allocation_size()
+            + self.groups.allocation_size();
+        n += self
+            .slots
+            .iter()
+            .map(|s| s.blocks.allocation_size())
+            .sum::<usize>();
+        n += self
+            .groups
+            .values()
+            .map(|t| t.allocation_size())
+            .sum::<usize>();
+        n += self.spills.iter().map(|v| v.capacity() * 4).sum::<usize>();
+        n
+    }
+}
+
+fn sort_blocks(all: &mut [Block]) {
+    all.sort_unstable_by(|a, b| a.ts.total_cmp(&b.ts).then(a.key.cmp(&b.key)));
+}
+
+fn add_holder(
+    table: &mut HashTable<Holder>,
+    spills: &mut Vec<Vec<u32>>,
+    free_spills: &mut Vec<u32>,
+    rs: &RandomState,
+    key: u64,
+    id: u32,
+) {
+    let h = hkey(rs, key);
+    match table.find_mut(h, |x| { x.key } == key) {
+        None => {
+            table.insert_unique(h, Holder { key, v: id }, |x| { let k = x.key; hkey(rs, k) });
+        }
+        Some(x) => {
+            let v = x.v;
+            if v & SPILL == 0 {
+                let pair = vec![v, id];
+                let at = match free_spills.pop() {
+                    Some(at) => {
+                        spills[at as usize] = pair;
+                        at
+                    }
+                    None => {
+                        spills.push(pair);
+                        (spills.len() - 1) as u32
+                    }
+                };
+                x.v = SPILL | at;
+            } else {
+                spills[(v & !SPILL) as usize].push(id);
+            }
+        }
+    }
+}
+
+fn drop_holder(
+    table: &mut HashTable<Holder>,
+    spills: &mut [Vec<u32>],
+    free_spills: &mut Vec<u32>,
+    rs: &RandomState,
+    key: u64,
+    id: u32,
+) {
+    let h = hkey(rs, key);
+    let Ok(entry) = table.find_entry(h, |x| { x.key } == key) else {
+        return;
+    };
+    let v = entry.get().v;
+    if v & SPILL == 0 {
+        if v == id {
+            entry.remove();
+        }
+        return;
+    }
+    let at = (v & !SPILL) as usize;
+    let list = &mut spills[at];
+    if let Some(p) = list.iter().position(|&s| s == id) {
+        list.swap_remove(p);
+    }
+    if list.len() <= 1 {
+        let last = list.first().copied();
+        spills[at] = Vec::new();
+        free_spills.push(at as u32);
+        match last {
+            Some(s) => {
+                let mut entry = entry;
+                entry.get_mut().v = s;
+            }
+            None => {
+                entry.remove();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refcounts_holders_and_close() {
+        let mut s = Store::new();
+        let a = s.new_slot(0).unwrap();
+        let b = s.new_slot(0).unwrap();
+        assert_eq!(s.store(a, &[1, 2, 2, 3], 1.0, None).unwrap(), (4, 0));
+        s.store(b, &[2], 2.0, None).unwrap();
+        assert_eq!(s.copies(a, 2).unwrap(), 2);
+        let mut h = s.holders(0, 2);
+        h.sort();
+        assert_eq!(h, vec![a, b]);
+        let r = s.remove(a, &[2, 9]).unwrap();
+        assert_eq!((r.removed, r.unknown, r.keys.len()), (1, 1, 0));
+        let r = s.remove(a, &[2]).unwrap();
+        assert_eq!(r.keys, vec![2]);
+        assert_eq!(s.holders(0, 2), vec![b]);
+        let (keys, _) = s.close(a).unwrap();
+        assert_eq!(keys, vec![1, 3]);
+        assert_eq!(s.entries(), 1);
+        assert!(s.len(a).is_err());
+    }
+}

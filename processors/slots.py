@@ -1,0 +1,343 @@
+"""Where the index keeps its blocks: per slot (one node's group on one medium) the blocks it holds
+with their store times and extra copies, and per group the inverted view (block → slots) that the
+router reads. Two implementations of one contract, chosen by `make_store`:
+
+  "native"  `kvpipe_native.IndexStore` (native/src/store.rs): open-addressing tables keyed by the
+            64-bit hash; the default when the extension is built.
+  "python"  dicts, the readable reference (tests/property/test_native_index.py holds the two equal).
+
+Both key blocks by vLLM's 64-bit form of the hash (`hash_to_u64`: ints as they are, bytes by their
+last 8 bytes), the form analytics rows and snapshots already use, so an index answers the same
+whichever store it runs on. Two different digests sharing their last 8 bytes would share an entry;
+vLLM itself identifies blocks by that same 64-bit value in its events (docs/vllm-behaviour.md), so
+the index cannot tell them apart better than the engine does.
+
+`close` returns a slot's entries sorted by (store time, key) in both stores: lifetimes and
+snapshots come out in one order whichever store made them.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Literal
+
+from processors.analytics.rows import U64_MASK
+from schemas.events import ExternalHash
+
+try:
+    import kvpipe_native
+except ImportError:  # not built (KVPIPE_NATIVE=0): the reference store only
+    kvpipe_native = None
+
+StoreKind = Literal["native", "python"]
+STORES: tuple[StoreKind, ...] = ("native", "python")
+
+
+def key_of(h: ExternalHash) -> int:
+    """The 64-bit key of a block hash (the rule of `processors.analytics.rows.hash_to_u64`)."""
+    if h.__class__ is int:
+        return h & U64_MASK  # type: ignore[operator]
+    if isinstance(h, (bytes, bytearray)):
+        return int.from_bytes(h[-8:], "big")
+    if isinstance(h, int):
+        return int(h) & U64_MASK
+    raise TypeError(f"a block hash must be int or bytes, got {type(h).__name__}")
+
+
+def native_available() -> bool:
+    return kvpipe_native is not None and hasattr(kvpipe_native, "IndexStore")
+
+
+def default_store() -> StoreKind:
+    return "native" if native_available() else "python"
+
+
+class Slot:
+    """The blocks one node holds in one group on one medium (`blocks`: key → store time of the first
+    copy; `dups`: key → extra copies). The store owns the entries; a slot is its handle."""
+
+    __slots__ = ("node", "group", "medium", "blocks", "dups", "sid")
+
+    def __init__(self, node: Any, group: int, medium: str) -> None:
+        self.node = node
+        self.group = group
+        self.medium = medium
+        self.blocks: Any = {}
+        self.dups: Any = {}
+        self.sid = -1
+
+    def refcount(self, h: ExternalHash) -> int:
+        k = key_of(h)
+        return (1 + self.dups.get(k, 0)) if k in self.blocks else 0
+
+
+Closed = tuple[list[int], list[float]]
+
+
+class PyStore:
+    """The reference: one dict per slot, and per group `key → Slot | set[Slot]` (most blocks have
+    one holder, and a bare Slot instead of a one-element set saves an allocation per block)."""
+
+    kind: StoreKind = "python"
+
+    def __init__(self) -> None:
+        self.holders: dict[int, dict[int, Slot | set[Slot]]] = {}
+
+    def new_slot(self, node: Any, group: int, medium: str) -> Slot:
+        self.holders.setdefault(group, {})
+        return Slot(node, group, medium)
+
+    def store(self, slot: Slot, hashes: Iterable[ExternalHash], ts: float, cap: int | None) -> tuple[int, int]:
+        keys = [key_of(h) for h in hashes]
+        blocks, dups, holders = slot.blocks, slot.dups, self.holders[slot.group]
+        given = len(keys)
+        if cap is not None and len(blocks) + len(keys) > cap:
+            room = cap - len(blocks)
+            kept = []
+            for k in keys:  # judged on the slot before this call
+                if k in blocks:
+                    kept.append(k)
+                elif room > 0:
+                    kept.append(k)
+                    room -= 1
+            keys = kept
+        for k in keys:
+            if k in blocks:
+                dups[k] = dups.get(k, 0) + 1
+                continue
+            blocks[k] = ts
+            cur = holders.get(k)
+            if cur is None:
+                holders[k] = slot
+            elif cur.__class__ is Slot:
+                holders[k] = {cur, slot}  # type: ignore[arg-type]
+            else:
+                cur.add(slot)  # type: ignore[union-attr]
+        return len(keys), given - len(keys)
+
+    def remove(self, slot: Slot, hashes: Iterable[ExternalHash]) -> tuple[int, int, list[int], list[float]]:
+        blocks, dups, holders = slot.blocks, slot.dups, self.holders[slot.group]
+        removed = unknown = 0
+        keys: list[int] = []
+        times: list[float] = []
+        for h in hashes:
+            k = key_of(h)
+            extra = dups.get(k)
+            if extra is not None:  # another copy still serves hits
+                if extra > 1:
+                    dups[k] = extra - 1
+                else:
+                    del dups[k]
+                removed += 1
+                continue
+            stored_ts = blocks.pop(k, None)
+            if stored_ts is None:  # never stored: counted by the caller, not an error
+                unknown += 1
+                continue
+            removed += 1
+            _drop_holder(holders, k, slot)
+            keys.append(k)
+            times.append(stored_ts)
+        return removed, unknown, keys, times
+
+    def close(self, slot: Slot) -> Closed:
+        holders = self.holders.get(slot.group, {})
+        items = sorted(slot.blocks.items(), key=lambda kv: (kv[1], kv[0]))
+        for k, _ in items:
+            _drop_holder(holders, k, slot)
+        slot.blocks, slot.dups = {}, {}
+        return [k for k, _ in items], [t for _, t in items]
+
+    def load(self, slot: Slot, blocks: Mapping[ExternalHash, float], dups: Mapping[ExternalHash, int]) -> None:
+        holders = self.holders.setdefault(slot.group, {})
+        for h, ts in blocks.items():
+            k = key_of(h)
+            if k not in slot.blocks:
+                cur = holders.get(k)
+                if cur is None:
+                    holders[k] = slot
+                elif cur.__class__ is Slot:
+                    if cur is not slot:
+                        holders[k] = {cur, slot}  # type: ignore[arg-type]
+                else:
+                    cur.add(slot)  # type: ignore[union-attr]
+            slot.blocks[k] = ts
+        for h, n in dups.items():
+            k = key_of(h)
+            if n and k in slot.blocks:
+                slot.dups[k] = n
+
+    def holders_of(self, group: int, h: ExternalHash) -> list[Slot]:
+        cur = self.holders.get(group, {}).get(key_of(h))
+        if cur is None:
+            return []
+        return [cur] if cur.__class__ is Slot else list(cur)  # type: ignore[arg-type]
+
+    def held(self, hashes_by_group: Mapping[int, list]) -> dict[Slot, set[int]]:
+        """Per slot, the positions of the request's blocks it holds (one lookup per (group, hash);
+        list entries that are None are placeholders no slot holds)."""
+        by_slot: dict[Slot, set[int]] = {}
+        for group, hashes in hashes_by_group.items():
+            holders = self.holders.get(group)
+            if not holders:
+                continue
+            for i, h in enumerate(hashes):
+                if h is None:
+                    continue
+                cur = holders.get(key_of(h))
+                if cur is None:
+                    continue
+                for slot in ((cur,) if cur.__class__ is Slot else cur):  # type: ignore[union-attr]
+                    positions = by_slot.get(slot)  # type: ignore[arg-type]
+                    if positions is None:
+                        positions = by_slot[slot] = set()  # type: ignore[index]
+                    positions.add(i)
+        return by_slot
+
+    def entries(self) -> int:
+        return sum(len(s.blocks) for per in self.holders.values() for s in _slots_of(per))
+
+    def memory_bytes(self) -> int | None:
+        return None  # Python objects: measured by the bench with tracemalloc, not here
+
+
+def _slots_of(per: dict[int, Slot | set[Slot]]) -> set[Slot]:
+    out: set[Slot] = set()
+    for cur in per.values():
+        if cur.__class__ is Slot:
+            out.add(cur)  # type: ignore[arg-type]
+        else:
+            out.update(cur)  # type: ignore[arg-type]
+    return out
+
+
+def _drop_holder(holders: dict[int, Slot | set[Slot]], k: int, slot: Slot) -> None:
+    cur = holders.get(k)
+    if cur is slot:
+        del holders[k]
+    elif cur is not None and cur.__class__ is not Slot:
+        cur.discard(slot)  # type: ignore[union-attr]
+        if len(cur) == 1:  # type: ignore[arg-type]
+            holders[k] = next(iter(cur))  # type: ignore[call-overload]
+
+
+class _Blocks(Mapping):
+    """A native slot's `blocks` as a read-only mapping key → store time (order: time, key)."""
+
+    __slots__ = ("_core", "_sid")
+
+    def __init__(self, core: Any, sid: int) -> None:
+        self._core, self._sid = core, sid
+
+    def __len__(self) -> int:
+        return self._core.slot_len(self._sid)
+
+    def __getitem__(self, h: ExternalHash) -> float:
+        ts = self._core.get(self._sid, h)
+        if ts is None:
+            raise KeyError(h)
+        return ts
+
+    def __contains__(self, h: object) -> bool:
+        return isinstance(h, (int, bytes)) and self._core.get(self._sid, h) is not None
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._core.items(self._sid)[0])
+
+    def items(self):  # type: ignore[override]
+        keys, times = self._core.items(self._sid)
+        return list(zip(keys, times))
+
+    def values(self):  # type: ignore[override]
+        return self._core.items(self._sid)[1]
+
+
+class _Dups(Mapping):
+    """A native slot's extra copies as a read-only mapping key → count."""
+
+    __slots__ = ("_core", "_sid")
+
+    def __init__(self, core: Any, sid: int) -> None:
+        self._core, self._sid = core, sid
+
+    def _all(self) -> dict[int, int]:
+        return dict(self._core.dup_items(self._sid))
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __getitem__(self, h: ExternalHash) -> int:
+        n = self._core.copies(self._sid, h)
+        if n <= 1:
+            raise KeyError(h)
+        return n - 1
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._all())
+
+
+class NativeStore:
+    """`kvpipe_native.IndexStore` behind the reference's interface; slots are handles by id."""
+
+    kind: StoreKind = "native"
+
+    def __init__(self) -> None:
+        if not native_available():
+            raise RuntimeError("the native index store is not built (infra/scripts/native.sh; KVPIPE_NATIVE=0 "
+                               "disables it): use the python store")
+        self.core = kvpipe_native.IndexStore()
+        self._slots: dict[int, Slot] = {}  # sid → slot, for the router's answers
+
+    def new_slot(self, node: Any, group: int, medium: str) -> Slot:
+        slot = Slot(node, group, medium)
+        slot.sid = self.core.new_slot(group)
+        slot.blocks, slot.dups = _Blocks(self.core, slot.sid), _Dups(self.core, slot.sid)
+        self._slots[slot.sid] = slot
+        return slot
+
+    def store(self, slot: Slot, hashes: Iterable[ExternalHash], ts: float, cap: int | None) -> tuple[int, int]:
+        return self.core.store(slot.sid, hashes, ts, cap)
+
+    def remove(self, slot: Slot, hashes: Iterable[ExternalHash]) -> tuple[int, int, list[int], list[float]]:
+        return self.core.remove(slot.sid, hashes)
+
+    def close(self, slot: Slot) -> Closed:
+        out = self.core.close(slot.sid)
+        if self._slots.get(slot.sid) is slot:
+            del self._slots[slot.sid]
+        slot.blocks, slot.dups = {}, {}  # the id may be reused: the handle must not read another slot
+        slot.sid = -1
+        return out
+
+    def load(self, slot: Slot, blocks: Mapping[ExternalHash, float], dups: Mapping[ExternalHash, int]) -> None:
+        self.core.load(slot.sid, list(blocks), list(blocks.values()),
+                       [(key_of(h), n) for h, n in dups.items() if n > 0])
+
+    def holders_of(self, group: int, h: ExternalHash) -> list[Slot]:
+        return [self._slots[s] for s in self.core.holders(group, h)]
+
+    def held(self, hashes_by_group: Mapping[int, list]) -> dict[Slot, set[int]]:
+        # placeholders (None) stand for blocks no node holds: left out, positions mapped back
+        slots = self._slots
+        plain = [(g, hashes) for g, hashes in hashes_by_group.items() if None not in hashes]
+        out = {slots[sid]: positions for sid, positions in self.core.held(plain)} if plain else {}
+        for g, hashes in hashes_by_group.items():
+            if None in hashes:  # a slot belongs to one group: the answers never overlap
+                keep = [i for i, h in enumerate(hashes) if h is not None]
+                for sid, positions in self.core.held([(g, [hashes[i] for i in keep])]):
+                    out[slots[sid]] = {keep[i] for i in positions}
+        return out
+
+    def entries(self) -> int:
+        return self.core.entries()
+
+    def memory_bytes(self) -> int | None:
+        return self.core.memory_bytes()
+
+
+def make_store(kind: StoreKind | None = None) -> PyStore | NativeStore:
+    """The store `kind` names (None: native when built, else python)."""
+    kind = kind or default_store()
+    if kind not in STORES:
+        raise ValueError(f"index store must be one of {STORES}, got {kind!r}")
+    return NativeStore() if kind == "native" else PyStore()
+
