@@ -15,13 +15,16 @@ RadixTree (`processors.router.bench_dynamo`).
 """
 from __future__ import annotations
 
+import gc
 import random
 import statistics
 import time
+import tracemalloc
 from typing import Any
 
 from gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
 from gpu.hit import ViewCache, sliding_blocks_needed
+from processors import slots
 from processors.index import Index
 from processors.router.bench_dynamo import MISSING as DYNAMO_MISSING
 from processors.router.bench_dynamo import build as build_dynamo
@@ -82,11 +85,42 @@ def build(nodes: int, documents: int, prompt_tokens: int, per_node: int, configs
     return index_of(envelopes), docs
 
 
-def index_of(envelopes: list[tuple[Envelope, list[BlockStored]]]) -> Index:
-    index = Index()
+def index_of(envelopes: list[tuple[Envelope, list[BlockStored]]], store: slots.StoreKind | None = None) -> Index:
+    index = Index(store=store)
     for n, (env, events) in enumerate(envelopes):
         index.apply(env, events, 0, n)
     return index
+
+
+def stores(envelopes: list[tuple[Envelope, list[BlockStored]]]) -> dict[str, Any]:
+    """Both block stores on the same fleet, one after the other: bytes per (block × holder) entry
+    (the native store's own count of its tables at their allocated size, and for both what
+    tracemalloc saw the index allocate: the native tables are not Python allocations, so its traced
+    figure is the Python side only) and the apply rate of the fleet's block events."""
+    events = sum(len(ev.block_hashes) for _, evs in envelopes for ev in evs)
+    out: dict[str, Any] = {"block_events": events}
+    for kind in [k for k in slots.STORES if k == "python" or slots.native_available()]:
+        gc.collect()
+        tracemalloc.start()
+        t = time.perf_counter()
+        index = index_of(envelopes, kind)
+        seconds = time.perf_counter() - t
+        traced = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        entries = index.store.entries()
+        own = index.store.memory_bytes()
+        row = {"entries": entries, "apply_block_events_per_s": round(events / seconds),
+               "python_traced_bytes_per_entry": round(traced / max(entries, 1), 1)}
+        if own is not None:
+            row["native_bytes_per_entry"] = round(own / max(entries, 1), 1)
+            row["bytes_per_entry"] = round((own + traced) / max(entries, 1), 1)
+        else:
+            row["bytes_per_entry"] = row["python_traced_bytes_per_entry"]
+        out[kind] = row
+        del index
+    if "native" in out:
+        out["memory_python_over_native"] = round(out["python"]["bytes_per_entry"] / out["native"]["bytes_per_entry"], 2)
+    return out
 
 
 def prompts(docs: list[list[int]], requests: int, rng: random.Random) -> list[list[int]]:
@@ -111,7 +145,8 @@ def _rows(answer: RouteAnswer) -> tuple:
 
 
 def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_tokens: int = 2048,
-        per_node: int = 8, configs: int = 1, seed: int = 0, dynamo: bool = True) -> dict[str, Any]:
+        per_node: int = 8, configs: int = 1, seed: int = 0, dynamo: bool = True,
+        compare_stores: bool = True) -> dict[str, Any]:
     """Time `requests` token-id routes over `nodes` nodes; `configs` = 1 or 2 distinct hash
     configurations among the nodes (2: the prompt is hashed twice per request). Every request is
     routed on each hit search engine in turn (order alternating), their answers checked equal,
@@ -123,6 +158,7 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     envelopes, docs = fleet(nodes, documents, prompt_tokens, per_node, configs, rng)
     index = index_of(envelopes)
     build_s = time.perf_counter() - t0
+    store_cmp = stores(envelopes) if compare_stores else None
     engines = ["native", "python"] if native_available() else ["python"]
     searches = {e: HitSearch(e) for e in engines}  # type: ignore[arg-type]
     timed: dict[str, dict[str, list[float]]] = {e: {"hashing": [], "search": [], "total": []} for e in engines}
@@ -160,7 +196,10 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
         "route_total": summary(main["total"]),
         "engines": {e: {"search": summary(t["search"]), "route_total": summary(t["total"])} for e, t in timed.items()},
         "mean_best_hit_tokens": round(statistics.fmean(hits), 1),
+        "index_store": index.store.kind,
     }
+    if store_cmp is not None:
+        out["stores"] = store_cmp
     if len(engines) > 1:
         out["search_p50_python_over_native"] = round(
             out["engines"]["python"]["search"]["p50_us"] / max(out["engines"]["native"]["search"]["p50_us"], 0.1), 2)
