@@ -46,7 +46,7 @@ from gpu.layout import layout_problem
 from processors.analytics.rows import REASON_CLEARED, REASON_EVICTED, REASON_NODE_EXPIRED, LifetimeRow
 from processors.slots import Slot, StoreKind, make_store
 from schemas.envelope import Envelope, GroupSpec, HashConfig
-from schemas.events import AllBlocksCleared, BlockStored, Event
+from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 
 GPU = "GPU"
 
@@ -206,38 +206,20 @@ class Index:
 
     def _apply_events(self, node: NodeState, events: list[Event], ts: float, partition: int, offset: int,
                       closed: list[LifetimeRow]) -> None:
-        slots = node.slots
-        store = self.store
-        cap = self.max_blocks_per_slot
         stored = removed = unknown = 0
-        for idx, ev in enumerate(events):
-            cls = ev.__class__
-            if cls is AllBlocksCleared:
-                self._close_slots(node, [s for s in slots.values() if s.medium == GPU], REASON_CLEARED, ts, offset, idx, closed)
-                node.counters["clears"] += 1
-                self.counters["clears"] += 1
-                continue
-            group = ev.group_idx or 0
-            medium = ev.medium or GPU
-            slot = slots.get((group, medium))
-            if slot is None:
-                if self.max_slots_per_node is not None and len(slots) >= self.max_slots_per_node:
-                    self._refuse_slot(node, group, medium, ev)
-                    continue
-                slot = slots[(group, medium)] = store.new_slot(node, group, medium)
-            if cls is BlockStored:
-                kept, refused = store.store(slot, ev.block_hashes, ts, cap)
-                stored += kept
-                if refused:
-                    self._capped(node, slot, refused, cap)
-            else:  # BlockRemoved
-                n, missing, keys, times = store.remove(slot, ev.block_hashes)
-                removed += n
-                unknown += missing
-                node_id, epoch = node.node_id, node.epoch
-                for k, stored_ts in zip(keys, times):
-                    closed.append(LifetimeRow(node_id, epoch, group, medium, k, stored_ts, ts, REASON_EVICTED,
-                                              partition, offset, idx))
+        # The native store applies runs of stores and removes into existing slots in one call; the
+        # event it stops at (a clear, a new slot, anything unusual) takes the per-event path below.
+        run = self._apply_run if self.store.kind == "native" and events.__class__ is list else None
+        i, n = 0, len(events)
+        while i < n:
+            if run is not None:
+                i, st, rm, unk = run(node, events, i, ts, partition, offset, closed)
+                stored, removed, unknown = stored + st, removed + rm, unknown + unk
+                if i >= n:
+                    break
+            st, rm, unk = self._apply_one(node, events[i], i, ts, partition, offset, closed)
+            stored, removed, unknown = stored + st, removed + rm, unknown + unk
+            i += 1
         c, nc = self.counters, node.counters
         c["events"] += len(events)
         nc["events"] += len(events)
@@ -249,6 +231,55 @@ class Index:
         key = "partial_unknown_removes" if node.partial_since is not None else "unknown_removes"
         c[key] += unknown
         nc[key] += unknown
+
+    def _apply_one(self, node: NodeState, ev: Event, idx: int, ts: float, partition: int, offset: int,
+                   closed: list[LifetimeRow]) -> tuple[int, int, int]:
+        """One event; returns (stored, removed, unknown)."""
+        slots = node.slots
+        cls = ev.__class__
+        if cls is AllBlocksCleared:
+            self._close_slots(node, [s for s in slots.values() if s.medium == GPU], REASON_CLEARED, ts, offset, idx, closed)
+            node.counters["clears"] += 1
+            self.counters["clears"] += 1
+            return 0, 0, 0
+        group = ev.group_idx or 0
+        medium = ev.medium or GPU
+        slot = slots.get((group, medium))
+        if slot is None:
+            if self.max_slots_per_node is not None and len(slots) >= self.max_slots_per_node:
+                self._refuse_slot(node, group, medium, ev)
+                return 0, 0, 0
+            slot = slots[(group, medium)] = self.store.new_slot(node, group, medium)
+        if cls is BlockStored:
+            kept, refused = self.store.store(slot, ev.block_hashes, ts, self.max_blocks_per_slot)
+            if refused:
+                self._capped(node, slot, refused, self.max_blocks_per_slot)
+            return kept, 0, 0
+        n, missing, keys, times = self.store.remove(slot, ev.block_hashes)  # BlockRemoved
+        node_id, epoch = node.node_id, node.epoch
+        closed.extend([LifetimeRow(node_id, epoch, group, medium, k, stored_ts, ts, REASON_EVICTED, partition, offset, idx)
+                       for k, stored_ts in zip(keys, times)])
+        return 0, n, missing
+
+    def _apply_run(self, node: NodeState, events: list[Event], start: int, ts: float, partition: int, offset: int,
+                   closed: list[LifetimeRow]) -> tuple[int, int, int, int]:
+        """Events from `start` applied by the native store until one it leaves to `_apply_one`;
+        returns (where it stopped, stored, removed, unknown)."""
+        store = self.store
+        stop, stored, removed, unknown, refused, keys, times, idxs, sids = store.core.apply_events(
+            events, start, node.slots, ts, self.max_blocks_per_slot, BlockStored, BlockRemoved)
+        by_sid = store.slot_by_id
+        for sid, n in refused:
+            self._capped(node, by_sid(sid), n, self.max_blocks_per_slot)
+        if keys:
+            node_id, epoch = node.node_id, node.epoch
+            last, slot = -1, None
+            for k, stored_ts, idx, sid in zip(keys, times, idxs, sids):
+                if sid != last:
+                    last, slot = sid, by_sid(sid)
+                closed.append(LifetimeRow(node_id, epoch, slot.group, slot.medium, k, stored_ts, ts, REASON_EVICTED,
+                                          partition, offset, idx))
+        return stop, stored, removed, unknown
 
     def _capped(self, node: NodeState, slot: Slot, refused: int, cap: int | None) -> None:
         """Stores past the per-slot cap were not indexed: counted, and the node says why."""

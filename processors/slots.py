@@ -294,6 +294,9 @@ class NativeStore:
         self._slots[slot.sid] = slot
         return slot
 
+    def slot_by_id(self, sid: int) -> Slot:
+        return self._slots[sid]
+
     def store(self, slot: Slot, hashes: Iterable[ExternalHash], ts: float, cap: int | None) -> tuple[int, int]:
         return self.core.store(slot.sid, hashes, ts, cap)
 

@@ -9,7 +9,7 @@ pub mod store;
 use hit::{find_hit, Held, Kind, Layout, SpecGroup};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyAny, PyBytes, PyInt, PyList, PySet};
+use pyo3::types::{PyAny, PyBytes, PyDict, PyInt, PyList, PySet};
 
 /// Spec models by layout id, registered once per layout, searched many times.
 #[pyclass(module = "kvpipe_native")]
@@ -228,6 +228,17 @@ struct IndexStore {
 }
 
 type Closed = (Vec<u64>, Vec<f64>);
+type Applied = (
+    usize,
+    usize,
+    usize,
+    usize,
+    Vec<(u32, usize)>,
+    Vec<u64>,
+    Vec<f64>,
+    Vec<usize>,
+    Vec<u32>,
+);
 
 #[pymethods]
 impl IndexStore {
@@ -308,6 +319,81 @@ impl IndexStore {
             .into_iter()
             .map(|(sid, pos)| Ok((sid, PySet::new(py, &pos)?)))
             .collect()
+    }
+
+    /// Apply `events[start..]` (BlockStored / BlockRemoved objects) of one node whose slots are
+    /// `slots` ((group, medium) → object with `sid`), stopping at the first event this cannot
+    /// apply alone: one of another class (a clear), or one whose (group, medium) has no slot yet.
+    /// Returns (stopped at, stored, removed, unknown, [(slot, refused)], and the ended entries
+    /// as columns: keys, store times, event indexes, slots).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (events, start, slots, ts, cap, stored_cls, removed_cls))]
+    fn apply_events(
+        &mut self,
+        events: &Bound<'_, PyList>,
+        start: usize,
+        slots: &Bound<'_, PyDict>,
+        ts: f64,
+        cap: Option<usize>,
+        stored_cls: &Bound<'_, PyAny>,
+        removed_cls: &Bound<'_, PyAny>,
+    ) -> PyResult<Applied> {
+        let py = events.py();
+        let gpu = pyo3::types::PyString::new(py, "GPU");
+        let zero = 0i64.into_pyobject(py)?;
+        let (a_hashes, a_group, a_medium, a_sid) = (
+            pyo3::intern!(py, "block_hashes"),
+            pyo3::intern!(py, "group_idx"),
+            pyo3::intern!(py, "medium"),
+            pyo3::intern!(py, "sid"),
+        );
+        let mut out = Applied::default();
+        let n = events.len();
+        let mut i = start;
+        let mut keys: Vec<u64> = Vec::new();
+        while i < n {
+            let ev = events.get_item(i)?;
+            let cls = ev.get_type();
+            let storing = cls.is(stored_cls);
+            if !storing && !cls.is(removed_cls) {
+                break;
+            }
+            let group = ev.getattr(a_group)?;
+            let group = if group.is_none() { zero.clone().into_any() } else { group };
+            let medium = ev.getattr(a_medium)?;
+            let medium = if medium.is_none() { gpu.clone().into_any() } else { medium };
+            let key = pyo3::types::PyTuple::new(py, [group, medium])?;
+            let Some(slot) = slots.get_item(key)? else {
+                break;
+            };
+            let sid: u32 = slot.getattr(a_sid)?.extract()?;
+            keys.clear();
+            let hashes = ev.getattr(a_hashes)?;
+            let list = hashes.downcast::<PyList>()?;
+            keys.reserve(list.len());
+            for h in list.iter() {
+                keys.push(key_of(&h)?);
+            }
+            if storing {
+                let (kept, refused) = self.inner.store(sid, &keys, ts, cap).map_err(err)?;
+                out.1 += kept;
+                if refused > 0 {
+                    out.4.push((sid, refused));
+                }
+            } else {
+                let r = self.inner.remove(sid, &keys).map_err(err)?;
+                out.2 += r.removed;
+                out.3 += r.unknown;
+                let m = r.keys.len();
+                out.5.extend(r.keys);
+                out.6.extend(r.ts);
+                out.7.extend(std::iter::repeat(i).take(m));
+                out.8.extend(std::iter::repeat(sid).take(m));
+            }
+            i += 1;
+        }
+        out.0 = i;
+        Ok(out)
     }
 
     fn slot_group(&self, slot: u32) -> PyResult<u64> {

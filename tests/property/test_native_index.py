@@ -35,7 +35,7 @@ HASHES = st.one_of(st.integers(0, 12), st.integers(2**64 - 3, 2**64 + 2), st.int
 @st.composite
 def event(draw):
     group = draw(st.sampled_from([None, 0, 1, 2]))
-    medium = draw(st.sampled_from([None, "GPU", "GPU", "CPU"]))
+    medium = draw(st.sampled_from([None, "GPU", "GPU", "CPU", ""]))  # "": GPU, as vLLM reads a missing medium
     kind = draw(st.integers(0, 9))
     hashes = draw(st.lists(HASHES, max_size=6))
     if kind == 0:
