@@ -1,0 +1,49 @@
+"""Tables for people (`kvpipe plan`): one terminaltables look, numbers right-aligned, NULLs empty,
+Markdown that survives a `|` in a cell."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from processors.analytics.plan import render as render_plan
+from processors.texttable import number_columns, render
+
+RESULT = {"columns": ["medium", "swa_evicted", "ratio"], "types": ["String", "UInt64", "Nullable(Float64)"],
+          "rows": [["GPU", 3, None], ["CPU", 12345, 0.5]]}
+
+
+def test_a_text_table_has_borders_and_right_aligned_numbers():
+    lines = render(RESULT["columns"], RESULT["rows"]).splitlines()
+    assert lines[0] == lines[2] == lines[-1] == "+--------+-------------+-------+"
+    assert lines[1] == "| medium | swa_evicted | ratio |"
+    assert lines[3] == "| GPU    |           3 |       |"  # NULL: an empty cell, not "None"
+    assert lines[4] == "| CPU    |       12345 |   0.5 |"
+
+
+def test_markdown_escapes_pipes_and_marks_alignment():
+    lines = render(["q", "n"], [["a|b", 1], ["line\nbreak", 22]], style="markdown").splitlines()
+    assert lines[0] == "| q          |  n |"
+    assert lines[1] == "|------------|---:|"
+    assert lines[2] == "| a\\|b       |  1 |"
+    assert lines[3] == "| line break | 22 |"
+
+
+def test_only_all_number_columns_are_right_aligned():
+    assert number_columns([[1, "x", None, True], [2.5, 3, None, False]], 4) == [0]
+    with pytest.raises(ValueError, match="table style"):
+        render(["a"], [], style="html")
+
+
+def test_the_plan_prints_one_table_per_curve():
+    point = {"extra_fraction": 0.5, "extra_blocks": 64, "cache_blocks": 192, "hits": 40, "hit_fraction": 0.25,
+             "tokens_saved": 640}
+    plan = {"method": "LRU stack distances.", "curves": [
+        {"node_id": "n1", "group_kind": "sliding_window", "medium": "GPU", "capacity": 128, "restores": 160,
+         "points": [point, {**point, "extra_fraction": -0.25, "extra_blocks": -32, "hits": 0, "hit_fraction": 0.0}]}]}
+    lines = render_plan(plan).splitlines()
+    assert lines[0] == "n1  sliding_window  GPU: observed capacity 128 blocks, 160 re-stores"
+    assert lines[2] == "| change | extra blocks | cache blocks | hits | hit % | tokens saved |"
+    assert lines[4] == "|    50% |           64 |          192 |   40 | 25.0% |          640 |"
+    assert lines[5] == "|   -25% |          -32 |          192 |    0 |  0.0% |          640 |"
+    assert lines[-1] == "LRU stack distances."
