@@ -1,11 +1,12 @@
-"""Tables for people (`kvpipe plan`): one terminaltables look, numbers right-aligned, NULLs empty,
-Markdown that survives a `|` in a cell."""
+"""Tables for people (`kvpipe sql`, `plan`, `route`): one terminaltables look, numbers right-aligned,
+NULLs empty, Markdown that survives a `|` in a cell; CSV and JSON keep exact values."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
+from processors.analytics.cli import print_result
 from processors.analytics.plan import render as render_plan
 from processors.texttable import number_columns, render
 
@@ -33,6 +34,18 @@ def test_only_all_number_columns_are_right_aligned():
     assert number_columns([[1, "x", None, True], [2.5, 3, None, False]], 4) == [0]
     with pytest.raises(ValueError, match="table style"):
         render(["a"], [], style="html")
+
+
+def test_sql_formats(capsys):
+    print_result(RESULT, "table")
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split("|")[1:-1] == [" medium ", " swa_evicted ", " ratio "] and out[-1] == "(2 rows)"
+    print_result(RESULT, "markdown")
+    assert capsys.readouterr().out.splitlines()[1] == "|--------|------------:|------:|"
+    print_result(RESULT, "csv")
+    assert capsys.readouterr().out.splitlines() == ["medium,swa_evicted,ratio", "GPU,3,", "CPU,12345,0.5"]
+    print_result(RESULT, "json")
+    assert json.loads(capsys.readouterr().out) == RESULT
 
 
 def test_the_plan_prints_one_table_per_curve():
