@@ -56,7 +56,8 @@ class LazyGroup(click.Group):
         module_name, attr = self.table[name][0].split(":")
         return getattr(importlib.import_module(module_name), attr)
 
-    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
         name = args[0]
         if name not in self.table and name not in self.commands and not name.startswith("-"):
             ctx.fail(f"unknown {self.kind} {name!r}; known: {', '.join(self.table)}")

@@ -91,10 +91,10 @@ def _print_answer(answer: Any) -> None:
     rows = []
     for r in answer.nodes:
         load = r.load
-        note = ("speculative " if r.speculative else "") + ("" if r.exact else "not exact: " + (r.reason or ""))
+        notes = (["speculative"] if r.speculative else []) + ([] if r.exact else [f"not exact: {r.reason or ''}"])
         rows.append([r.node_id, r.state, r.gpu_tokens, r.loadable_tokens, f"{r.score:.4f}",
                      load.running if load else 0, load.waiting if load else 0,
-                     f"{load.kv_usage if load else 0.0:.2f}", note.strip()])
+                     f"{load.kv_usage if load else 0.0:.2f}", "; ".join(notes)])
     if rows:
         print(render(["node", "state", "gpu_tok", "cpu_tok", "score", "run", "wait", "kv", "note"], rows,
                      right=range(2, 8)))

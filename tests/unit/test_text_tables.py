@@ -60,3 +60,22 @@ def test_the_plan_prints_one_table_per_curve():
     assert lines[4] == "|    50% |           64 |          192 |   40 | 25.0% |          640 |"
     assert lines[5] == "|   -25% |          -32 |          192 |    0 |  0.0% |          640 |"
     assert lines[-1] == "LRU stack distances."
+
+
+def test_the_route_answer_is_a_table_of_nodes(capsys):
+    from types import SimpleNamespace as Row
+
+    from processors.cli import _print_answer
+
+    nodes = [Row(node_id="node-y", state="live", gpu_tokens=16, loadable_tokens=0, score=0.51234, speculative=False,
+                 load=Row(running=2, waiting=1, kv_usage=0.3125), exact=True, reason=None),
+             Row(node_id="node-x", state="suspect", gpu_tokens=0, loadable_tokens=32, score=0.1, load=None,
+                 speculative=True, exact=False, reason="no hash config")]
+    _print_answer(Row(chosen="node-y", semantics="hma", num_tokens=65, hashing_s=1e-4, search_s=2e-4, partial=False,
+                      missing_partitions=[], nodes=nodes, no_signal=[]))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("chosen: node-y   semantics: hma")
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in (lines[2], lines[4], lines[5])]
+    assert cells[0] == ["node", "state", "gpu_tok", "cpu_tok", "score", "run", "wait", "kv", "note"]
+    assert cells[1] == ["node-y", "live", "16", "0", "0.5123", "2", "1", "0.31", ""]
+    assert cells[2][-1] == "speculative; not exact: no hash config"
