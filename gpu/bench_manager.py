@@ -10,16 +10,19 @@ that cost per step.
 """
 from __future__ import annotations
 
-import argparse
 import random
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
+
+import click
 
 from gpu.hashing import BlockHasher
 from gpu.kv_cache_manager import KVCacheManager
 from gpu.request import Request
 from gpu.specs import FullAttention, Mamba, SlidingWindow
+from schemas.cliopts import Command, run as run_command
 
 
 @dataclass
@@ -104,18 +107,18 @@ def _simulate(workload: list[tuple[list[int], int]], steps: int, num_blocks: int
             "hit_rate": hits / prompt_tokens if prompt_tokens else 0.0}
 
 
-def run(argv: list[str]) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(prog="kvpipe bench manager")
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--requests", type=int, default=400)
-    ap.add_argument("--prompts", type=int, default=8, help="distinct shared system prompts")
-    ap.add_argument("--prompt-len", type=int, default=512)
-    ap.add_argument("--blocks", type=int, default=2400)
-    ap.add_argument("--budget", type=int, default=2048, help="tokens per step")
-    ap.add_argument("--max-running", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=3, help="alternating runs per variant, best kept")
-    args = ap.parse_args(argv)
+@click.command("manager", cls=Command, help=__doc__)
+@click.option("--steps", type=int, default=1500, show_default=True, help="scheduler steps per run")
+@click.option("--requests", type=int, default=400, show_default=True, help="requests in the workload")
+@click.option("--prompts", type=int, default=8, show_default=True, help="distinct shared system prompts")
+@click.option("--prompt-len", type=int, default=512, show_default=True, help="tokens of each system prompt")
+@click.option("--blocks", type=int, default=2400, show_default=True, help="GPU blocks of the manager")
+@click.option("--budget", type=int, default=2048, show_default=True, help="tokens per step")
+@click.option("--max-running", type=int, default=32, show_default=True, help="requests running at once")
+@click.option("--seed", type=int, default=0, show_default=True, help="workload seed")
+@click.option("--repeats", type=int, default=3, show_default=True, help="alternating runs per variant, best kept")
+def manager_bench(**params: Any) -> dict[str, Any]:
+    args = SimpleNamespace(**params)
     workload = _workload(args.seed, args.requests, args.prompts, args.prompt_len)
     common = dict(num_blocks=args.blocks, token_budget=args.budget, max_running=args.max_running)
     _simulate(workload, min(200, args.steps), events=True, **common)  # warm-up
@@ -145,3 +148,8 @@ def run(argv: list[str]) -> dict[str, Any]:
         "token_budget": args.budget,
         "blocks": args.blocks,
     }
+
+
+def run(argv: list[str]) -> dict[str, Any] | int:
+    """`kvpipe bench manager`: the result, or an exit code after help or a usage error."""
+    return run_command(manager_bench, argv, "kvpipe bench manager")

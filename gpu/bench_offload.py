@@ -12,34 +12,38 @@ while the single big baseline copy barely noticed. `--threads 0` restores torch'
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
 
+import click
 import torch
 
 from gpu.canonical import canonicalize
 from gpu.kv_tensors import AttentionGeometry, KVLayout, allocate_kv_caches, default_device
 from gpu.offload import BlockMover, GroupTransfer, allocate_host_buffers
 from gpu.offload_checks import device_block_checksums, host_block_checksums
+from schemas.cliopts import Command, run as run_command
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="kvpipe bench offload", description=__doc__)
-    p.add_argument("--layers", type=int, default=32)
-    p.add_argument("--blocks", type=int, default=1024, help="device blocks per layer (4096 needs 4 GiB)")
-    p.add_argument("--moved", type=int, default=256, help="blocks moved per transfer")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-size", type=int, default=64, help="page = 2*block*heads*head*2 B (32 KiB default)")
-    p.add_argument("--layout", choices=[x.value for x in KVLayout], default=KVLayout.FLASH_ATTN.value)
-    p.add_argument("--blocks-per-chunk", type=int, default=1)
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads for both sides (0 = torch default); see module doc")
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    return p.parse_args(argv)
+@click.command("offload", cls=Command, help=__doc__)
+@click.option("--layers", type=int, default=32, show_default=True, help="attention layers of the group")
+@click.option("--blocks", type=int, default=1024, show_default=True, help="device blocks per layer (4096 needs 4 GiB)")
+@click.option("--moved", type=int, default=256, show_default=True, help="blocks moved per transfer")
+@click.option("--block-size", type=int, default=16, show_default=True, help="tokens per block")
+@click.option("--kv-heads", type=int, default=8, show_default=True, help="KV heads per layer")
+@click.option("--head-size", type=int, default=64, help="page = 2*block*heads*head*2 B (32 KiB default)")
+@click.option("--layout", type=click.Choice([x.value for x in KVLayout]), default=KVLayout.FLASH_ATTN.value,
+              show_default=True, help="KV cache tensor layout")
+@click.option("--blocks-per-chunk", type=int, default=1, show_default=True, help="blocks per host chunk")
+@click.option("--reps", type=int, default=5, show_default=True, help="timed repetitions (median reported)")
+@click.option("--threads", type=int, default=1,
+              help="torch intra-op threads for both sides (0 = torch default; default 1); see above")
+@click.option("--device", default=None, help="cuda or cpu (default: cuda if available)")
+def offload_bench(**params: Any) -> dict:
+    return _bench(SimpleNamespace(**params))
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
@@ -56,8 +60,7 @@ def _timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
     return run
 
 
-def run(argv: list[str]) -> dict:
-    args = _parse(argv)
+def _bench(args: SimpleNamespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device) if args.device else default_device()
@@ -168,3 +171,8 @@ def _overlap(mover: BlockMover, transfer: GroupTransfer, device: torch.device, r
     return {"compute_ms": round(c * 1e3, 3), "store_ms": round(st * 1e3, 3), "both_ms": round(b * 1e3, 3),
             "store_call_ms": round(issue * 1e3, 3), "products": products[0],
             "hidden": round(max(0.0, min(1.0, (c + st - b) / min(c, st))), 3) if min(c, st) > 0 else None}
+
+
+def run(argv: list[str]) -> dict | int:
+    """`kvpipe bench offload`: the result, or an exit code after help or a usage error."""
+    return run_command(offload_bench, argv, "kvpipe bench offload")

@@ -5,13 +5,15 @@ and provisions topics, `down` does nothing, `status` reports that cluster.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import click
+
 from infra.errors import InfraError
-from schemas.cliopts import add_bootstrap_server, apply_bootstrap
+from schemas.cliopts import Group, apply_bootstrap, bootstrap_server_option, run
 from schemas.settings import Settings, SettingsError, load_settings
 
 EXIT_DOWN = 3  # `status` when nothing answers, like `systemctl status` (LSB: "program is not running")
@@ -46,13 +48,13 @@ def _cluster_nodes(s: Settings) -> int:
     return s.kafka_brokers if s.kafka_brokers > 1 else present_nodes(broker_config(s))
 
 
-def cmd_up_cluster(s: Settings, args: argparse.Namespace) -> int:
+def cmd_up_cluster(s: Settings, timeout: float) -> int:
     from infra.kafka.cluster import LocalCluster
     from infra.topics import ensure_topics
 
     t0 = time.monotonic()
     cluster = LocalCluster(broker_config(s), s.kafka_brokers)
-    for node, st in zip(cluster.nodes, cluster.up(timeout=args.timeout)):
+    for node, st in zip(cluster.nodes, cluster.up(timeout=timeout)):
         verb = "started" if st.started else "already running"
         print(f"kafka node {node.cfg.node_id}: {verb}, pid {st.pid}, {node.cfg.bootstrap} "
               f"(controller {node.cfg.controller_port})")
@@ -63,15 +65,15 @@ def cmd_up_cluster(s: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_up(s: Settings, args: argparse.Namespace) -> int:
+def cmd_up(s: Settings, timeout: float) -> int:
     from infra.kafka.local import LocalKafka, broker_answers
     from infra.topics import ensure_topics
 
     if s.is_local_kafka() and s.kafka_brokers > 1:
-        return cmd_up_cluster(s, args)
+        return cmd_up_cluster(s, timeout)
     t0 = time.monotonic()
     if s.is_local_kafka():
-        st = LocalKafka(broker_config(s)).up(timeout=args.timeout)
+        st = LocalKafka(broker_config(s)).up(timeout=timeout)
         verb = "started" if st.started else "already running"
         print(f"kafka: {verb}, pid {st.pid}, bootstrap {st.bootstrap} ({time.monotonic() - t0:.1f} s)")
         if s.kafka_local_secure:
@@ -79,7 +81,7 @@ def cmd_up(s: Settings, args: argparse.Namespace) -> int:
             print(f"kafka: SASL_PLAINTEXT on {cfg.host}:{cfg.sasl_port}, SASL_SSL on {cfg.host}:{cfg.sasl_ssl_port} "
                   f"(PLAIN, SCRAM-SHA-512; user {s.kafka_sasl_username}); CA for clients: {cfg.tls_dir / 'ca.pem'}")
     else:
-        if not broker_answers(s.bootstrap(), timeout=min(args.timeout, 15.0), security=s.kafka_confluent_security()):
+        if not broker_answers(s.bootstrap(), timeout=min(timeout, 15.0), security=s.kafka_confluent_security()):
             raise InfraError(f"--bootstrap-server (KVPIPE_KAFKA_BOOTSTRAP) {s.bootstrap()} does not answer a metadata request; "
                              f"check the address, or unset it to run the local broker")
         print(f"kafka: external cluster at {s.bootstrap()} answers (nothing started)")
@@ -88,7 +90,7 @@ def cmd_up(s: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_down(s: Settings, args: argparse.Namespace) -> int:
+def cmd_down(s: Settings, purge: bool) -> int:
     from infra.kafka.local import LocalKafka
 
     if not s.is_local_kafka():
@@ -98,10 +100,10 @@ def cmd_down(s: Settings, args: argparse.Namespace) -> int:
     if nodes > 1:
         from infra.kafka.cluster import LocalCluster
 
-        print(LocalCluster(broker_config(s), nodes).down(purge=args.purge))
+        print(LocalCluster(broker_config(s), nodes).down(purge=purge))
     single = LocalKafka(broker_config(s))
-    if nodes <= 1 or single.running_pid() is not None or args.purge:
-        print(single.down(purge=args.purge))
+    if nodes <= 1 or single.running_pid() is not None or purge:
+        print(single.down(purge=purge))
     return 0
 
 
@@ -121,7 +123,7 @@ def _status_cluster(s: Settings, nodes: int) -> str:
     return cluster.bootstrap if running else ""
 
 
-def cmd_status(s: Settings, args: argparse.Namespace) -> int:
+def cmd_status(s: Settings, all_topics: bool) -> int:
     from infra.kafka.local import LocalKafka, broker_answers
     from infra.topics import list_topics
 
@@ -144,7 +146,7 @@ def cmd_status(s: Settings, args: argparse.Namespace) -> int:
     if not broker_answers(bootstrap, timeout=5.0, security=s.kafka_confluent_security()):
         print(f"kafka: {bootstrap} does not answer a metadata request")
         return EXIT_DOWN
-    topics = list_topics(bootstrap, internal=args.all)
+    topics = list_topics(bootstrap, internal=all_topics)
     print(f"topics ({len(topics)}):")
     width = max((len(n) for n in topics), default=0)
     for name, n in topics.items():
@@ -152,45 +154,63 @@ def cmd_status(s: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvpipe infra", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{up,down,status}")
-    up = sub.add_parser("up", help="start the local broker (if not running) and create kvpipe's topics",
-                        description="Start the local Kafka broker unless it runs (idempotent), wait until it "
-                                    "answers, create the events, DLQ and snapshot topics if missing.")
-    up.add_argument("--partitions", type=int, default=None,
-                    help="partitions of the events and snapshot topics (default: settings.partitions)")
-    up.add_argument("--brokers", type=int, default=None,
-                    help="nodes of the local KRaft cluster (default: settings.kafka_brokers, 1). With 3: replication "
-                         "factor 3 and min.insync.replicas 2 for kvpipe's topics; node k on kafka_port + 2(k-1)")
-    up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for the broker (default 90)")
-    up.add_argument("--secure", action="store_true",
-                    help="also listen with SASL_PLAINTEXT and SASL_SSL (kafka_sasl_port, kafka_sasl_ssl_port) for the "
-                         "user KVPIPE_KAFKA_SASL_USERNAME/PASSWORD (KVPIPE_KAFKA_LOCAL_SECURE)")
-    down = sub.add_parser("down", help="stop the local broker", description="Stop the broker whose pid is in "
-                          "<state_dir>/kafka/kafka.pid (SIGTERM, then SIGKILL after 30 s). Nothing else is touched.")
-    down.add_argument("--purge", action="store_true", help="also delete the broker's data dir (all topics)")
-    st = sub.add_parser("status", help="show pid, bootstrap and topics; exit 0 if up, 3 if down",
-                        description="Show what runs where. Exit status 0 if the broker answers, 3 if not.")
-    st.add_argument("--all", action="store_true", help="include internal topics (__consumer_offsets, ...)")
-    for command in (up, down, st):  # an external cluster: up checks it and creates topics, status lists them
-        add_bootstrap_server(command)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    apply_bootstrap(args)
+def _run(name: str, overrides: dict, work: Callable[[Settings], int]) -> int:
+    """Settings with the command's flags over them, checked; `work(settings)`; errors → exit 1."""
     try:
-        s = load_settings({"partitions": getattr(args, "partitions", None),
-                           "kafka_brokers": getattr(args, "brokers", None),
-                           "kafka_local_secure": True if getattr(args, "secure", False) else None})
+        s = load_settings(overrides)
         if s.partitions < 1:
             raise SettingsError(f"partitions must be >= 1, got {s.partitions}")
         if s.kafka_brokers < 1:
             raise SettingsError(f"brokers must be >= 1, got {s.kafka_brokers}")
-        return {"up": cmd_up, "down": cmd_down, "status": cmd_status}[args.cmd](s, args)
+        return work(s)
     except (InfraError, SettingsError) as e:
-        print(f"kvpipe infra {args.cmd}: {e}", file=sys.stderr)
+        print(f"kvpipe infra {name}: {e}", file=sys.stderr)
         return 1
+
+
+@click.group("infra", cls=Group, help=__doc__)
+def infra() -> None:
+    pass
+
+
+@infra.command("up", short_help="start the local broker (if not running) and create kvpipe's topics",
+               help="Start the local Kafka broker unless it runs (idempotent), wait until it answers, create the "
+                    "events, DLQ and snapshot topics if missing. With --bootstrap-server (or "
+                    "KVPIPE_KAFKA_BOOTSTRAP): check that cluster answers and create the topics there.")
+@click.option("--partitions", type=int, default=None,
+              help="partitions of the events and snapshot topics (default: settings.partitions)")
+@click.option("--brokers", type=int, default=None,
+              help="nodes of the local KRaft cluster (default: settings.kafka_brokers, 1). With 3: replication "
+                   "factor 3 and min.insync.replicas 2 for kvpipe's topics; node k on kafka_port + 2(k-1)")
+@click.option("--timeout", type=float, default=90.0, help="seconds to wait for the broker (default 90)")
+@click.option("--secure", is_flag=True,
+              help="also listen with SASL_PLAINTEXT and SASL_SSL (kafka_sasl_port, kafka_sasl_ssl_port) for the "
+                   "user KVPIPE_KAFKA_SASL_USERNAME/PASSWORD (KVPIPE_KAFKA_LOCAL_SECURE)")
+@bootstrap_server_option()
+def up(partitions: int | None, brokers: int | None, timeout: float, secure: bool, bootstrap_server: str | None) -> int:
+    apply_bootstrap(bootstrap_server)
+    overrides = {"partitions": partitions, "kafka_brokers": brokers, "kafka_local_secure": True if secure else None}
+    return _run("up", overrides, lambda s: cmd_up(s, timeout))
+
+
+@infra.command("down", short_help="stop the local broker",
+               help="Stop the broker whose pid is in <state_dir>/kafka/kafka.pid (SIGTERM, then SIGKILL after 30 s). "
+                    "Nothing else is touched; an external cluster (--bootstrap-server) is never stopped.")
+@click.option("--purge", is_flag=True, help="also delete the broker's data dir (all topics)")
+@bootstrap_server_option()
+def down(purge: bool, bootstrap_server: str | None) -> int:
+    apply_bootstrap(bootstrap_server)
+    return _run("down", {}, lambda s: cmd_down(s, purge))
+
+
+@infra.command("status", short_help="show pid, bootstrap and topics; exit 0 if up, 3 if down",
+               help="Show what runs where. Exit status 0 if the broker answers, 3 if not.")
+@click.option("--all", "all_topics", is_flag=True, help="include internal topics (__consumer_offsets, ...)")
+@bootstrap_server_option()
+def status(all_topics: bool, bootstrap_server: str | None) -> int:
+    apply_bootstrap(bootstrap_server)
+    return _run("status", {}, lambda s: cmd_status(s, all_topics))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return int(run(infra, argv, "kvpipe infra"))

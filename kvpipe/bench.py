@@ -3,15 +3,22 @@
 Contract for every benchmark function `run(argv) -> dict`: it measures the thing and a baseline in the
 same run and returns a dict with at least `bench`, `value`, `unit`, `baseline`, `ratio` (higher is
 better) plus details. This module prints it; with `--json` the last stdout line is that one object.
+A benchmark parses its own flags (click or argparse, its choice): `kvpipe bench <name>` takes out
+the flags every benchmark shares and hands it the rest, `--help` included, untouched. `run` may
+return an exit code instead of a dict (after printing its help, or a usage error).
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import sys
+from typing import Any
 
-from schemas.cliopts import add_bootstrap_server, add_json, add_log_level, apply_bootstrap, configure_logging
+import click
+
+from kvpipe.cli import LazyGroup
+from schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, configure_logging, json_option, \
+    log_level_option
 
 BENCHES: dict[str, tuple[str, str]] = {
     "producer": ("producer.bench:run", "publisher events/s vs raw confluent-kafka, publish() cost"),
@@ -25,45 +32,73 @@ BENCHES: dict[str, tuple[str, str]] = {
     "faults": ("kvpipe.faults:run", "broker outage, processor kill/pause, cluster leader kill: events lost, stalls"),
 }
 
-
-def _common_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # never take a benchmark's own flag
-    add_json(p, help="the result as one JSON object, the last stdout line")
-    add_bootstrap_server(p)
-    add_log_level(p)
-    return p
+# The benchmark's own flags pass through: unknown options and their values are kept, in order, for it;
+# no help option here, so `--help` reaches the benchmark's own parser.
+_PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "allow_interspersed_args": True}
 
 
-def _common_flags(argv: list[str]) -> tuple[list[str], argparse.Namespace]:
-    """The flags every benchmark shares, taken out; the rest goes to the benchmark's own parser."""
-    common, rest = _common_parser().parse_known_args(argv)
-    return rest, common
+def bench_command(name: str) -> click.Command:
+    """`kvpipe bench <name>`: the shared flags, then the benchmark's `run` on the rest."""
+    target, desc = BENCHES[name]
+
+    @click.command(name, cls=Command, help=desc, add_help_option=False, context_settings=_PASS_THROUGH)
+    @json_option(help="the result as one JSON object, the last stdout line")
+    @bootstrap_server_option()
+    @log_level_option()
+    @click.pass_context
+    def bench_one(ctx: click.Context, as_json: bool, bootstrap_server: str | None, log_level: str) -> int:
+        apply_bootstrap(bootstrap_server)  # benchmarks load the settings themselves: the environment carries it
+        configure_logging(log_level)
+        module_name, func_name = target.split(":")
+        result = getattr(importlib.import_module(module_name), func_name)(list(ctx.args))
+        if not isinstance(result, dict):  # its help was asked for, or its flags were wrong
+            return int(result or 0)
+        if as_json:
+            print(json.dumps(result, sort_keys=True))
+        else:
+            for key, value in result.items():
+                print(f"{key:>24}: {value}")
+        return 0
+
+    return bench_one
+
+
+def split_common(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """The flags every benchmark shares, taken out of `argv` (their values, log level resolved), and
+    the rest, in order, for the benchmark's own parser."""
+    with bench_command("producer").make_context("kvpipe bench", list(argv)) as ctx:
+        return list(ctx.args), dict(ctx.params)
+
+
+class BenchGroup(LazyGroup):
+    kind = "benchmark"
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        return bench_command(name) if name in self.table else super().get_command(ctx, name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        shared = [p.get_help_record(ctx) for p in bench_command("producer").params]
+        with formatter.section("Options every benchmark takes (after its name)"):
+            formatter.write_dl([r for r in shared if r is not None])
+        super().format_commands(ctx, formatter)
+
+
+@click.group("bench", cls=BenchGroup, table=BENCHES, invoke_without_command=True,
+             help="Run a benchmark: it measures the thing and a baseline in the same run and prints the result "
+                  "(bench, value, unit, baseline, ratio: higher is better, details); with --json the last stdout "
+                  "line is one JSON object.")
+@click.pass_context
+def bench(ctx: click.Context) -> int:
+    if ctx.invoked_subcommand is None:
+        print(ctx.get_help())
+    return 0
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: kvpipe bench <name> [--json] [--bootstrap-server HOST:PORT] [--log-level LEVEL] "
-              "[bench options]\n")
-        help_lines = _common_parser().format_help().splitlines()
-        print("options every benchmark takes:")
-        print("\n".join(help_lines[help_lines.index("options:") + 1:]))
-        print("\nbenchmarks (kvpipe bench <name> --help for their options):")
-        for name, (_, desc) in BENCHES.items():
-            print(f"  {name:<10} {desc}")
-        return 0
-    name, rest = argv[0], argv[1:]
-    if name not in BENCHES:
-        print(f"kvpipe bench: unknown benchmark {name!r}; known: {', '.join(BENCHES)}", file=sys.stderr)
-        return 2
-    rest, common = _common_flags(rest)
-    as_json = common.json
-    apply_bootstrap(common)  # benchmarks load the settings themselves: the environment carries it
-    configure_logging(common)
-    module_name, func_name = BENCHES[name][0].split(":")
-    result = getattr(importlib.import_module(module_name), func_name)(rest)
-    if as_json:
-        print(json.dumps(result, sort_keys=True))
-    else:
-        for key, value in result.items():
-            print(f"{key:>24}: {value}")
-    return 0
+    from schemas.cliopts import run
+
+    return int(run(bench, argv, "kvpipe bench"))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

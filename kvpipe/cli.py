@@ -1,32 +1,71 @@
-"""The `kvpipe` command: a thin dispatcher.
+"""The `kvpipe` command: a thin dispatcher (click).
 
-Each subcommand lives in the package that owns the work; this module only maps a name to
-`module:function` and imports it lazily, so `kvpipe --help` does not pay for torch or faust.
-Every target takes `argv: list[str]` and returns an exit code.
+Each subcommand lives in the package that owns the work, as a click command; this module only maps
+a name to `module:command` and imports it when that name is used, so `kvpipe --help` (which lists
+the names from the table) does not pay for torch or faust, and a base install without the `[gpu]`
+extra still runs every other command.
 """
 from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from schemas.cliopts import CONTEXT_SETTINGS, run
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "infra": ("infra.cli:main", "start/stop/inspect the local Apache Kafka broker and topics"),
-    "node": ("gpu.cli:main", "run a simulated serving node (hybrid KV cache manager + offload)"),
-    "bridge": ("producer.bridge.cli:main", "forward a real vLLM node's ZMQ KV events into Kafka"),
-    "processor": ("processors.cli:main_processor", "run the routing index app (Faust; /route, /nodes, /stats)"),
-    "analytics": ("processors.analytics.cli:main_analytics", "run the analytics app (Faust; rows to ClickHouse, /sql)"),
-    "route": ("processors.cli:main_route", "ask a running processor which nodes hold a prefix"),
-    "sql": ("processors.analytics.cli:main_sql", "run a read-only SQL query (or a saved one) on the analytics store"),
-    "plan": ("processors.analytics.cli:main_plan", "the capacity curve: hits N more/fewer cache blocks would give"),
-    "report": ("processors.analytics.cli:main_report", "write the capacity-planning report (self-contained HTML)"),
-    "inspect": ("producer.inspect:main", "decode a vLLM payload, ZMQ capture or kvpipe envelope to JSON"),
-    "demo": ("kvpipe.demo:main", "run the whole pipeline end to end on the embedded defaults"),
-    "bench": ("kvpipe.bench:main", "run a benchmark; last stdout line is one JSON object"),
+    "infra": ("infra.cli:infra", "start/stop/inspect the local Apache Kafka broker and topics"),
+    "node": ("gpu.node.cli:node", "run a simulated serving node (hybrid KV cache manager + offload)"),
+    "bridge": ("producer.bridge.cli:bridge", "forward a real vLLM node's ZMQ KV events into Kafka"),
+    "processor": ("processors.cli:processor", "run the routing index app (Faust; /route, /nodes, /stats)"),
+    "analytics": ("processors.analytics.cli:analytics", "run the analytics app (Faust; rows to ClickHouse, /sql)"),
+    "route": ("processors.cli:route", "ask a running processor which nodes hold a prefix"),
+    "sql": ("processors.analytics.cli:sql", "run a read-only SQL query (or a saved one) on the analytics store"),
+    "plan": ("processors.analytics.cli:plan", "the capacity curve: hits N more/fewer cache blocks would give"),
+    "report": ("processors.analytics.cli:report", "write the capacity-planning report (self-contained HTML)"),
+    "inspect": ("producer.inspect:inspect", "decode a vLLM payload, ZMQ capture or kvpipe envelope to JSON"),
+    "demo": ("kvpipe.demo:demo", "run the whole pipeline end to end on the embedded defaults"),
+    "bench": ("kvpipe.bench:bench", "run a benchmark; last stdout line is one JSON object"),
 }
 
 
 # Modules the base install leaves out → the extra that brings them (pyproject.toml).
 EXTRA_FOR_MODULE = {"torch": "gpu", "numpy": "gpu"}
+
+
+class LazyGroup(click.Group):
+    """Subcommands named in a table of `name → ("module:attribute", one-line help)`, imported on
+    use. Help lists them from the table: click's own listing would import every command."""
+
+    kind = "command"
+
+    def __init__(self, *args: Any, table: dict[str, tuple[str, str]], **kwargs: Any) -> None:
+        kwargs["context_settings"] = {**CONTEXT_SETTINGS, **(kwargs.get("context_settings") or {})}
+        super().__init__(*args, **kwargs)
+        self.table = table
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.table)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.table:
+            return super().get_command(ctx, name)  # the hidden ones registered on the group
+        module_name, attr = self.table[name][0].split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0]
+        if name not in self.table and name not in self.commands and not name.startswith("-"):
+            ctx.fail(f"unknown {self.kind} {name!r}; known: {', '.join(self.table)}")
+        return super().resolve_command(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section(f"{self.kind.capitalize()}s ({ctx.command_path} <{self.kind}> --help for details)"):
+            formatter.write_dl([(name, desc) for name, (_, desc) in self.table.items()])
 
 
 def version() -> str:
@@ -43,32 +82,46 @@ def version() -> str:
         return tomllib.loads(pyproject.read_text())["project"]["version"]
 
 
-def _usage() -> str:
-    lines = ["usage: kvpipe [--version] <command> [options]   (kvpipe <command> --help for details)", "", "commands:"]
-    lines += [f"  {name:<10} {desc}" for name, (_, desc) in COMMANDS.items()]
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(_usage())
-        return 0
-    if argv[0] in ("-V", "--version", "version"):
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
         print(f"kvpipe {version()}")
-        return 0
-    name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        print(f"kvpipe: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
-    module_name, func_name = COMMANDS[name][0].split(":")
+        ctx.exit(0)
+
+
+@click.group("kvpipe", cls=LazyGroup, table=COMMANDS, invoke_without_command=True,
+             help="Group-tagged KV-cache events from LLM serving nodes through Kafka into a live per-group cache "
+                  "index and ClickHouse analytics. Every setting is also a KVPIPE_* environment variable.")
+@click.option("-V", "--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="print kvpipe's version and exit")
+@click.pass_context
+def kvpipe(ctx: click.Context) -> int:
+    if ctx.invoked_subcommand is None:  # bare `kvpipe`: the overview, as `--help` gives it
+        print(ctx.get_help())
+    return 0
+
+
+@kvpipe.command("help", hidden=True)
+@click.pass_context
+def _help(ctx: click.Context) -> int:
+    print(ctx.parent.get_help() if ctx.parent else "")
+    return 0
+
+
+@kvpipe.command("version", hidden=True)
+def _version() -> int:
+    print(f"kvpipe {version()}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        func = getattr(importlib.import_module(module_name), func_name)
-        return int(func(rest) or 0)
+        return int(run(kvpipe, argv, "kvpipe") or 0)
     except ModuleNotFoundError as exc:
         extra = EXTRA_FOR_MODULE.get((exc.name or "").split(".")[0])
         if extra is None:
             raise
+        name = next((a for a in argv if not a.startswith("-")), "")
         print(f"kvpipe {name}: needs {exc.name}, which this install does not have; "
               f"install the extra: pip install 'kvpipe[{extra}]'", file=sys.stderr)
         return 2

@@ -15,16 +15,18 @@ stopped again if the demo started it. Exit status 0 only if every step worked.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.cliopts import add_bootstrap_server, add_log_level, apply_bootstrap, configure_logging
+import click
+
+from schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, configure_logging, log_level_option
 from kvpipe.progress import Progress
 from processors.procrun import free_port
 from processors.remote import ok_json
@@ -40,6 +42,11 @@ NODES = [
 MODEL = "full_attention:16,sliding_window:16:64,mamba:16"  # kind:block_size[:window]
 
 
+@dataclass(frozen=True)
+class DemoOptions:
+    steps: int  # scheduler steps per node
+    rate: float  # steps per second per node, 0 = flat out
+
 
 def _http(url: str, body: dict | None = None, timeout: float = 10.0) -> dict:
     # the processor may require KVPIPE_API_TOKEN: processors.remote sends it
@@ -47,7 +54,7 @@ def _http(url: str, body: dict | None = None, timeout: float = 10.0) -> dict:
 
 
 class Demo:
-    def __init__(self, settings: Settings, args: argparse.Namespace) -> None:
+    def __init__(self, settings: Settings, args: DemoOptions) -> None:
         self.s = settings
         self.args = args
         self.run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
@@ -298,21 +305,19 @@ def _hma_hit(row: dict) -> str:
     return out if row.get("exact", True) else f"{out} [not exact: {row.get('reason')}]"
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="kvpipe demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=300, help="scheduler steps per node (default 300)")
-    p.add_argument("--rate", type=float, default=25.0, help="steps per second per node, 0 = flat out (default 25)")
-    add_bootstrap_server(p)
-    add_log_level(p)
-    args = p.parse_args(argv)
-    apply_bootstrap(args)  # exported: the apps and nodes the demo starts inherit the brokers
-    os.environ["KVPIPE_LOG_LEVEL"] = configure_logging(args)  # and the level
-    demo = Demo(load_settings(), args)
+@click.command("demo", cls=Command, help=__doc__.replace("`kvpipe demo`: t", "T", 1))
+@click.option("--steps", type=int, default=300, help="scheduler steps per node (default 300)")
+@click.option("--rate", type=float, default=25.0, help="steps per second per node, 0 = flat out (default 25)")
+@bootstrap_server_option()
+@log_level_option()
+def demo(steps: int, rate: float, bootstrap_server: str | None, log_level: str) -> int:
+    apply_bootstrap(bootstrap_server)  # exported: the apps and nodes the demo starts inherit the brokers
+    os.environ["KVPIPE_LOG_LEVEL"] = configure_logging(log_level)  # and the level
+    run = Demo(load_settings(), DemoOptions(steps=steps, rate=rate))
     try:
-        return demo.execute()
+        return run.execute()
     except Exception as exc:
         print(f"\nkvpipe demo failed: {exc}", file=sys.stderr)
         return 1
     finally:
-        demo.stop()
+        run.stop()

@@ -8,16 +8,19 @@ ports): stopping or killing a broker that anyone else uses is never part of a pr
 """
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import socket
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import click
 
 from kvpipe.faultload import Load, Progress, Rig, check_analytics, check_index, wait_analytics_written
 from processors.procrun import free_port
+from schemas.cliopts import Command, run as run_command
 
 
 def _lost(result: dict) -> int:
@@ -203,35 +206,45 @@ def leader_kill(tmp: Path, before_s: float = 4.0, after_s: float = 6.0, nodes: i
         cluster.down(purge=True, grace=10)
 
 
-def run(argv: list[str]) -> dict:
-    """`kvpipe bench faults`: the probes at bench size (the suite runs them small)."""
+PROBES = ("outage", "kill", "pause", "leader")
+
+
+@click.command("faults", cls=Command, help=__doc__.split("\n\n")[0])
+@click.option("--only", default=",".join(PROBES), show_default=True, help="comma-separated probes")
+@click.option("--outage-s", type=float, default=30.0, show_default=True, help="seconds the broker stays down")
+@click.option("--pause-s", type=float, default=30.0, show_default=True, help="seconds the processor stays stopped")
+@click.option("--seconds", type=float, default=10.0, show_default=True, help="load before and after each fault")
+@click.option("--nodes", type=int, default=8, show_default=True, help="publishing nodes")
+@click.option("--step-ms", type=float, default=5.0, show_default=True,
+              help="each node publishes one step this often")
+def faults(only: str, outage_s: float, pause_s: float, seconds: float, nodes: int, step_ms: float) -> dict:
     from schemas.settings import load_settings
 
-    ap = argparse.ArgumentParser(prog="kvpipe bench faults")
-    ap.add_argument("--only", default="outage,kill,pause,leader", help="comma-separated probes")
-    ap.add_argument("--outage-s", type=float, default=30.0)
-    ap.add_argument("--pause-s", type=float, default=30.0)
-    ap.add_argument("--seconds", type=float, default=10.0, help="load before and after each fault")
-    ap.add_argument("--nodes", type=int, default=8)
-    ap.add_argument("--step-ms", type=float, default=5.0, help="each node publishes one step this often")
-    args = ap.parse_args(argv)
-    only = set(args.only.split(","))
-    common = {"nodes": args.nodes, "step_s": args.step_ms / 1000}
+    chosen = {p.strip() for p in only.split(",") if p.strip()}
+    if unknown := chosen - set(PROBES):
+        raise click.BadParameter(f"unknown probes {sorted(unknown)}; known: {', '.join(PROBES)}", param_hint="--only")
+    common = {"nodes": nodes, "step_s": step_ms / 1000}
     bootstrap = load_settings().bootstrap()
     probes: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="kvpipe-faults-") as d:
         tmp = Path(d)
-        if "outage" in only:
-            probes["outage"] = outage(tmp / "outage", args.outage_s, args.seconds, args.seconds, **common)
-        if "kill" in only:
-            probes["kill"] = processor_kill(bootstrap, tmp / "kill", args.seconds, args.seconds, **common)
-        if "pause" in only:
-            probes["pause"] = processor_pause(bootstrap, tmp / "pause", args.pause_s, args.seconds, args.seconds, **common)
-        if "leader" in only:
-            probes["leader"] = leader_kill(tmp / "leader", args.seconds, args.seconds, **common)
+        if "outage" in chosen:
+            probes["outage"] = outage(tmp / "outage", outage_s, seconds, seconds, **common)
+        if "kill" in chosen:
+            probes["kill"] = processor_kill(bootstrap, tmp / "kill", seconds, seconds, **common)
+        if "pause" in chosen:
+            probes["pause"] = processor_pause(bootstrap, tmp / "pause", pause_s, seconds, seconds, **common)
+        if "leader" in chosen:
+            probes["leader"] = leader_kill(tmp / "leader", seconds, seconds, **common)
     for r in probes.values():
         r["lost"] = _lost(r)
     outage_p99 = probes.get("outage", {}).get("publish_during_outage", {}).get("p99_ms")
     return {"bench": "faults", "value": sum(r["lost"] for r in probes.values()), "unit": "events lost (all probes)",
             "baseline": 0, "ratio": 1.0 if all(r["lost"] == 0 for r in probes.values()) else 0.0,
             "publish_p99_during_outage_ms": outage_p99, "probes": probes}
+
+
+def run(argv: list[str]) -> dict[str, Any] | int:
+    """`kvpipe bench faults`: the probes at bench size (the suite runs them small). The result, or
+    an exit code after help or a usage error."""
+    return run_command(faults, argv, "kvpipe bench faults")

@@ -2,40 +2,41 @@
 live in `processors.analytics.cli`."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from typing import Any
 
+import click
+
 from processors.appcli import worker_settings
-from schemas.cliopts import add_bootstrap_server, add_log_level, apply_bootstrap, log_level
+from schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, json_option, log_level_option
 from schemas.settings import SettingsError, load_settings
 
 
-def main_processor(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvpipe processor", description=(
-        "Run the routing index app (Faust): consume KV events, keep the per-group cache index, serve "
-        "/route /nodes /stats /metrics /health. It writes no analytics and loads no ClickHouse code: "
-        "`kvpipe analytics` is a second app in its own consumer group on the same topic. "
-        "Scaling: one consumer group (--processor-id); run more workers with the same id, up to one "
-        "per events partition; /route gathers the answer across them. Every setting is also a "
-        "KVPIPE_* environment variable; these flags override them."))
-    parser.add_argument("--web-port", type=int, help="HTTP port of the route API (KVPIPE_WEB_PORT)")
-    parser.add_argument("--web-host", help="address to serve HTTP on (KVPIPE_WEB_HOST; default 127.0.0.1)")
-    parser.add_argument("--insecure", action="store_true",
-                        help="allow a non-loopback --web-host without KVPIPE_API_TOKEN (an open endpoint)")
-    parser.add_argument("--state-dir", help="local state directory (KVPIPE_STATE_DIR)")
-    parser.add_argument("--topic", help="events topic to consume (KVPIPE_EVENTS_TOPIC)")
-    parser.add_argument("--processor-id", help="Faust app id = consumer group (KVPIPE_PROCESSOR_ID)")
-    add_bootstrap_server(parser)
-    add_log_level(parser, loglevel_alias=True)
-    args = parser.parse_args(argv)
-    apply_bootstrap(args)
-    level = log_level(args)  # Faust's Worker configures logging (root, so kvpipe's loggers too) at it
-    flags = {"KVPIPE_WEB_PORT": args.web_port, "KVPIPE_WEB_HOST": args.web_host, "KVPIPE_STATE_DIR": args.state_dir,
-             "KVPIPE_EVENTS_TOPIC": args.topic, "KVPIPE_PROCESSOR_ID": args.processor_id}
-    settings = worker_settings("kvpipe processor", flags, args.insecure)
+@click.command("processor", cls=Command, help=(
+    "Run the routing index app (Faust): consume KV events, keep the per-group cache index, serve "
+    "/route /nodes /stats /metrics /health. It writes no analytics and loads no ClickHouse code: "
+    "`kvpipe analytics` is a second app in its own consumer group on the same topic.\n\n"
+    "Scaling: one consumer group (--processor-id); run more workers with the same id, up to one "
+    "per events partition; /route gathers the answer across them. Every setting is also a "
+    "KVPIPE_* environment variable; these flags override them."))
+@click.option("--web-port", type=int, help="HTTP port of the route API (KVPIPE_WEB_PORT)")
+@click.option("--web-host", help="address to serve HTTP on (KVPIPE_WEB_HOST; default 127.0.0.1)")
+@click.option("--insecure", is_flag=True,
+              help="allow a non-loopback --web-host without KVPIPE_API_TOKEN (an open endpoint)")
+@click.option("--state-dir", help="local state directory (KVPIPE_STATE_DIR)")
+@click.option("--topic", help="events topic to consume (KVPIPE_EVENTS_TOPIC)")
+@click.option("--processor-id", help="Faust app id = consumer group (KVPIPE_PROCESSOR_ID)")
+@bootstrap_server_option()
+@log_level_option(loglevel_alias=True)
+def processor(web_port: int | None, web_host: str | None, insecure: bool, state_dir: str | None, topic: str | None,
+              processor_id: str | None, bootstrap_server: str | None, log_level: str) -> int:
+    apply_bootstrap(bootstrap_server)
+    # log_level is resolved (flag, KVPIPE_LOG_LEVEL, default): Faust's Worker configures logging at it
+    flags = {"KVPIPE_WEB_PORT": web_port, "KVPIPE_WEB_HOST": web_host, "KVPIPE_STATE_DIR": state_dir,
+             "KVPIPE_EVENTS_TOPIC": topic, "KVPIPE_PROCESSOR_ID": processor_id}
+    settings = worker_settings("kvpipe processor", flags, insecure)
     if settings is None:
         return 2
     bad = [f"{name}={getattr(settings, name)}" for name in ("route_inflight_ttl_s", "route_inflight_max_requests",
@@ -52,7 +53,7 @@ def main_processor(argv: list[str]) -> int:
 
     os.makedirs(settings.state_path("processor"), exist_ok=True)
     # Worker installs SIGTERM/SIGINT handlers that stop the app cleanly (final snapshot included).
-    Worker(app, loglevel=level, quiet=True).execute_from_commandline()
+    Worker(app, loglevel=log_level, quiet=True).execute_from_commandline()
     return 0
 
 
@@ -80,68 +81,79 @@ def _hash_arg(text: str) -> int | str:
 
 
 def _print_answer(answer: Any) -> None:
-    """A short human-readable answer: the choice, one line per node, the no-signal reasons."""
+    """A short human-readable answer: the choice, a table of the nodes, the no-signal reasons."""
+    from processors.texttable import render
+
     print(f"chosen: {answer.chosen or '(none eligible)'}   semantics: {answer.semantics}   "
           f"num_tokens: {answer.num_tokens}   hashing: {answer.hashing_s * 1e3:.2f} ms   "
           f"search: {answer.search_s * 1e3:.2f} ms" + ("   PARTIAL: missing partitions "
                                                       f"{answer.missing_partitions}" if answer.partial else ""))
-    print(f"{'node':<24} {'state':<8} {'gpu_tok':>8} {'cpu_tok':>8} {'score':>9} {'run':>4} {'wait':>4} {'kv':>5}")
+    rows = []
     for r in answer.nodes:
         load = r.load
-        flags = ("*" if r.speculative else "") + ("" if r.exact else " (not exact: " + (r.reason or "") + ")")
-        print(f"{r.node_id[:24]:<24} {r.state:<8} {r.gpu_tokens:>8} {r.loadable_tokens:>8} {r.score:>9.4f} "
-              f"{load.running if load else 0:>4} {load.waiting if load else 0:>4} "
-              f"{load.kv_usage if load else 0.0:>5.2f}{flags}")
+        notes = (["speculative"] if r.speculative else []) + ([] if r.exact else [f"not exact: {r.reason or ''}"])
+        rows.append([r.node_id, r.state, r.gpu_tokens, r.loadable_tokens, f"{r.score:.4f}",
+                     load.running if load else 0, load.waiting if load else 0,
+                     f"{load.kv_usage if load else 0.0:.2f}", "; ".join(notes)])
+    if rows:
+        print(render(["node", "state", "gpu_tok", "cpu_tok", "score", "run", "wait", "kv", "note"], rows,
+                     right=range(2, 8)))
     for n in answer.no_signal:
         print(f"no signal: {n.node_id} ({n.cause}): {n.reason}")
 
 
-def main_route(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvpipe route", description=(
-        "Ask a running processor where to send a prompt: vLLM's hybrid cache hit per node (tokens on GPU, "
-        "tokens loadable from CPU), a score against each node's load, and the chosen node."))
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--tokens", metavar="FILE", help="the prompt's token ids: a JSON list or whitespace-separated "
-                                                       "ints, from FILE or - (stdin); the router hashes them per node")
-    what.add_argument("--hashes", help="comma-separated block hashes of one group (ints, or 0x... hex for bytes "
-                                       "hashes), at that group's block size; see --group")
-    what.add_argument("--file", help='JSON request body, e.g. {"token_ids": [...]} or {"block_hashes": {"<group>": '
-                                     '[...]}, "num_tokens": N} (see GET /openapi.json)')
-    parser.add_argument("--group", type=int, default=0, help="group index of --hashes (default 0; groups at the same "
-                                                             "block size share the list)")
-    parser.add_argument("--num-tokens", type=int, help="with --hashes: the prompt's token count (the hit is capped "
-                                                       "at N-1 as vLLM does; without it the answer is not exact)")
-    parser.add_argument("--semantics", choices=("hma", "prefix-per-group"),
-                        help="hma (default): vLLM's hybrid hit; prefix-per-group: the same ranking plus each "
-                             "group's longest cached prefix, as an explanation")
-    parser.add_argument("--model", help="only nodes serving this model")
-    parser.add_argument("--top-k", type=int, help="at most K nodes (the chosen one always among them)")
-    parser.add_argument("--include-zero", action="store_true", help="also list eligible nodes without a hit")
-    parser.add_argument("--request-id", help="record the request as sent to the chosen node (in-flight accounting)")
-    parser.add_argument("--json", action="store_true", help="print the whole answer as JSON")
-    parser.add_argument("--url", help="processor base URL (default: http://<web_host>:<web_port> from the settings)")
-    args = parser.parse_args(argv)
+@click.command("route", cls=Command, help=(
+    "Ask a running processor where to send a prompt: vLLM's hybrid cache hit per node (tokens on GPU, "
+    "tokens loadable from CPU), a score against each node's load, and the chosen node. Give exactly one "
+    "of --tokens, --hashes, --file."))
+@click.option("--tokens", metavar="FILE", help="the prompt's token ids: a JSON list or whitespace-separated "
+                                               "ints, from FILE or - (stdin); the router hashes them per node")
+@click.option("--hashes", help="comma-separated block hashes of one group (ints, or 0x... hex for bytes "
+                               "hashes), at that group's block size; see --group")
+@click.option("--file", "body_file", metavar="FILE", help='JSON request body, e.g. {"token_ids": [...]} or '
+              '{"block_hashes": {"<group>": [...]}, "num_tokens": N} (see GET /openapi.json)')
+@click.option("--group", type=int, default=0, help="group index of --hashes (default 0; groups at the same "
+                                                   "block size share the list)")
+@click.option("--num-tokens", type=int, help="with --hashes: the prompt's token count (the hit is capped "
+                                             "at N-1 as vLLM does; without it the answer is not exact)")
+@click.option("--semantics", type=click.Choice(("hma", "prefix-per-group")),
+              help="hma (default): vLLM's hybrid hit; prefix-per-group: the same ranking plus each "
+                   "group's longest cached prefix, as an explanation")
+@click.option("--model", help="only nodes serving this model")
+@click.option("--top-k", type=int, help="at most K nodes (the chosen one always among them)")
+@click.option("--include-zero", is_flag=True, help="also list eligible nodes without a hit")
+@click.option("--request-id", help="record the request as sent to the chosen node (in-flight accounting)")
+@json_option(help="print the whole answer as JSON")
+@click.option("--url", help="processor base URL (default: http://<web_host>:<web_port> from the settings)")
+def route(tokens: str | None, hashes: str | None, body_file: str | None, group: int, num_tokens: int | None,
+          semantics: str | None, model: str | None, top_k: int | None, include_zero: bool, request_id: str | None,
+          as_json: bool, url: str | None) -> int:
+    given = [flag for flag, value in (("--tokens", tokens), ("--hashes", hashes), ("--file", body_file))
+             if value is not None]
+    if len(given) != 1:
+        raise click.UsageError("give exactly one of --tokens, --hashes, --file"
+                               + (f" (got {' and '.join(given)})" if given else ""))
     import msgspec
 
     from processors.router.client import RouterClient
     from processors.router.model import RouteError, RouteRequest, decode_request
 
     try:
-        if args.tokens is not None:
-            text = sys.stdin.read() if args.tokens == "-" else open(args.tokens).read()
+        if tokens is not None:
+            text = sys.stdin.read() if tokens == "-" else open(tokens).read()
             req = RouteRequest(token_ids=read_tokens(text))
-        elif args.file is not None:
-            with open(args.file, "rb") as f:
+        elif body_file is not None:
+            with open(body_file, "rb") as f:
                 req = decode_request(f.read())
         else:
-            req = RouteRequest(block_hashes={args.group: [_hash_arg(h) for h in args.hashes.split(",") if h.strip()]})
+            req = RouteRequest(block_hashes={group: [_hash_arg(h) for h in hashes.split(",") if h.strip()]})
     except (OSError, ValueError) as exc:  # RouteError is a ValueError: a bad --file body
-        parser.error(f"{exc}")
-    flags = {"num_tokens": args.num_tokens, "semantics": args.semantics, "model": args.model, "top_k": args.top_k,
-             "request_id": args.request_id, "include_zero": args.include_zero or None}
+        raise click.UsageError(str(exc)) from None
+    flags = {"num_tokens": num_tokens, "semantics": semantics, "model": model, "top_k": top_k,
+             "request_id": request_id, "include_zero": include_zero or None}
     req = msgspec.structs.replace(req, **{k: v for k, v in flags.items() if v is not None})  # flags win
     try:
-        base, token = _base_url(args.url), load_settings().api_token_value() or None
+        base, token = _base_url(url), load_settings().api_token_value() or None
     except SettingsError as exc:
         print(f"kvpipe route: {exc}", file=sys.stderr)
         return 2
@@ -155,7 +167,7 @@ def main_route(argv: list[str]) -> int:
         print(f"kvpipe route: no processor answers at {base} ({exc}); start one with `kvpipe processor`",
               file=sys.stderr)
         return 1
-    if args.json:
+    if as_json:
         print(msgspec.json.format(msgspec.json.encode(answer), indent=2).decode())
     else:
         _print_answer(answer)

@@ -11,13 +11,14 @@ the per-round ratios is reported next to it.
 """
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
+import click
 import msgspec
 
 from producer.config import kafka_config
@@ -25,6 +26,7 @@ from producer.publisher import Publisher
 from producer.sequencer import Sequencer
 from schemas.codec import KAFKA_HEADERS, encode_vllm_batch
 from schemas.events import BlockStored
+from schemas.cliopts import Command, run as run_command
 from schemas.settings import Settings, load_settings
 
 NODE = "bench-node"
@@ -147,14 +149,14 @@ def _percentile(values: list[int], q: float) -> int:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run(argv: list[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="kvpipe bench producer")
-    parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--batch-min", type=int, default=20)
-    parser.add_argument("--batch-max", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of (baseline, publisher, publish_raw), order rotating")
-    args = parser.parse_args(argv)
-
+@click.command("producer", cls=Command, help=__doc__)
+@click.option("--events", type=int, default=200_000, show_default=True, help="events published by each side")
+@click.option("--batch-min", type=int, default=20, show_default=True, help="fewest events per step (envelope)")
+@click.option("--batch-max", type=int, default=50, show_default=True, help="most events per step (envelope)")
+@click.option("--rounds", type=int, default=3, show_default=True,
+              help="rounds of (baseline, publisher, publish_raw), order rotating")
+def producer_bench(**params: Any) -> dict[str, Any]:
+    args = SimpleNamespace(**params)
     settings = load_settings()
     steps = make_steps(args.events, args.batch_min, args.batch_max)
     payloads, messages = _pre_encode(steps, time.time())
@@ -201,3 +203,8 @@ def run(argv: list[str]) -> dict[str, Any]:
         "compression": settings.compression,
         "linger_ms": settings.linger_ms,
     }
+
+
+def run(argv: list[str]) -> dict[str, Any] | int:
+    """`kvpipe bench producer`: the result, or an exit code after help or a usage error."""
+    return run_command(producer_bench, argv, "kvpipe bench producer")

@@ -1,6 +1,7 @@
 """`kvpipe inspect FILE|-`: decode whatever KV-event bytes you have to JSON, one object per batch.
 
-Recognised inputs, from the first bytes:
+\b
+Recognised inputs (FILE, or - for stdin), from the first bytes:
 - a kvpipe ZMQ recording (`producer.bridge.recording`, magic `KVPREC01`);
 - a capture of raw ZMQ frames, each a 4-byte big-endian length and the frame (`producer.frame_capture`);
 - one or more concatenated msgpack objects, each either a vLLM `KVEventBatch` (an array; map or
@@ -15,12 +16,12 @@ of the digest vLLM took them from). Errors are printed as the classified `Decode
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 from typing import Any, Iterator
 
+import click
 import msgspec
 
 from schemas.codec import (
@@ -31,6 +32,7 @@ from schemas.codec import (
     decode_envelope,
     decode_vllm_batch,
 )
+from schemas.cliopts import Command, json_option, run
 from schemas.envelope import Envelope
 from schemas.events import Event
 
@@ -205,45 +207,48 @@ def decode_directory(path: str, max_bytes: int, hex_ints: bool) -> Iterator[dict
             raise DecodeError(exc.kind, f"{name}: {exc.message}") from None
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvpipe inspect", description=__doc__.split("\n")[0])
-    parser.add_argument("file", help="a file (or a directory of ZMQ recordings), or - for stdin")
-    parser.add_argument("--hashes", choices=("int", "hex"), default="int", help="how to print int block hashes")
-    parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="largest message to accept")
-    parser.add_argument("--json", action="store_true",
-                        help="JSON lines, one object per message (the only output format; accepted for symmetry)")
-    args = parser.parse_args(argv)
-    hex_ints = args.hashes == "hex"
+@click.command("inspect", cls=Command, help=__doc__.replace("`kvpipe inspect FILE|-`: d", "D", 1))
+@click.argument("file")
+@click.option("--hashes", type=click.Choice(("int", "hex")), default="int", show_default=True,
+              help="how to print int block hashes")
+@click.option("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, show_default=True, help="largest message to accept")
+@json_option(help="JSON lines, one object per message (the only output format; accepted for symmetry)")
+def inspect(file: str, hashes: str, max_bytes: int, as_json: bool) -> int:
+    hex_ints = hashes == "hex"
     encoder = msgspec.json.Encoder()
     out = sys.stdout.buffer
     tmp: str | None = None
     try:
-        if args.file != "-" and os.path.isdir(args.file):
-            objects = decode_directory(args.file, args.max_bytes, hex_ints)
+        if file != "-" and os.path.isdir(file):
+            objects = decode_directory(file, max_bytes, hex_ints)
         else:
-            if args.file == "-":
+            if file == "-":
                 data = sys.stdin.buffer.read()
             else:
-                with open(args.file, "rb") as fh:
+                with open(file, "rb") as fh:
                     data = fh.read()
-            path = args.file
+            path = file
             if path == "-" and data.startswith(RECORDING_MAGIC):  # the recording reader takes a path
                 fd, tmp = tempfile.mkstemp(suffix=".kvrec")
                 with os.fdopen(fd, "wb") as fh:
                     fh.write(data)
                 path = tmp
-            objects = decode_bytes(data, path, args.max_bytes, hex_ints)
+            objects = decode_bytes(data, path, max_bytes, hex_ints)
         for obj in objects:
             out.write(encoder.encode(obj) + b"\n")
         out.flush()
     except (DecodeError, ValueError) as exc:  # RecordingError is a ValueError
         out.flush()
-        print(f"kvpipe inspect: {args.file}: {exc}", file=sys.stderr)
+        print(f"kvpipe inspect: {file}: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"kvpipe inspect: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"kvpipe inspect: cannot read {file}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     finally:
         if tmp:
             os.unlink(tmp)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return int(run(inspect, argv, "kvpipe inspect"))

@@ -1,5 +1,6 @@
 """`kvpipe node`: run one simulated serving node and publish its KV events to Kafka.
 
+\b
     kvpipe node --node-id n1 --steps 500 --groups full:16,sliding_window:16:128,mamba:16 --json
 
 The last stdout line is the summary JSON with `--json` (`--summary-json` is its older spelling); progress goes to stderr only with
@@ -7,18 +8,21 @@ The last stdout line is the summary JSON with `--json` (`--summary-json` is its 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import click
 
 from gpu.node.kv_compute import ModelShape
 from gpu.node.node import CountingSink, Node, NodeConfig
 from gpu.node.workload import SyntheticConfig, SyntheticWorkload, TraceWorkload, Workload
 from gpu.specs import KVSpec, from_group_spec
-from schemas.cliopts import (add_bootstrap_server, add_json, add_log_level, apply_bootstrap, configure_logging,
-                            deprecated)
+from schemas.cliopts import (Command, apply_bootstrap, bootstrap_server_option, configure_logging, deprecated,
+                             json_option, log_level_option, run)
 from schemas.groupspec import GroupSpecError
 from schemas.groupspec import parse_groups as parse_group_specs
 
@@ -38,64 +42,92 @@ def parse_groups(text: str) -> tuple[KVSpec, ...]:
             raise GroupSpecError(f"--groups {text!r}: group indexes must be 0..{len(declared) - 1}")
         return tuple(from_group_spec(g) for g in declared)
     except ValueError as exc:  # GroupSpecError, or a kind the simulated node has no hit rule for
-        raise argparse.ArgumentTypeError(f"{exc} (default {DEFAULT_GROUPS})") from None
+        raise GroupSpecError(f"{exc} (default {DEFAULT_GROUPS})") from None
 
 
-def _retention(text: str) -> int | None:
-    if text.lower() == "none":
-        return None
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("--retention must be none or >= 0")
-    return value
+class _Groups(click.ParamType):
+    name = "SPECS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[KVSpec, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_groups(value)
+        except GroupSpecError as exc:
+            self.fail(str(exc), param, ctx)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvpipe node", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--node-id", default="node-0")
-    run = p.add_mutually_exclusive_group()
-    run.add_argument("--steps", type=int, help="stop after this many steps (default 500)")
-    run.add_argument("--duration", type=float, help="stop after this many seconds")
-    p.add_argument("--rate", type=float, default=0.0, help="steps per second; 0 = as fast as possible")
-    p.add_argument("--seed", type=int, default=0, help="traffic seed (arrivals, users, repeats)")
-    p.add_argument("--prompt-seed", type=int, default=0,
-                   help="seed of the shared system prompts; keep it equal across nodes of one demo")
-    p.add_argument("--groups", type=parse_groups, default=parse_groups(DEFAULT_GROUPS),
-                   help=f"KV cache groups, kind:block_size[:window|chunk] in group order (default {DEFAULT_GROUPS})")
-    p.add_argument("--prefix-match-unit", type=int, metavar="TOKENS",
-                   help="explicit hash unit below the gcd of the group block sizes (e.g. 16 with "
-                        "full:64,mamba:768: partial hits land on it)")
-    p.add_argument("--eagle-group", type=int, action="append", default=[], metavar="IDX",
-                   help="a group that serves an EAGLE draft (its hit drops one block); repeatable")
-    p.add_argument("--gpu-blocks", type=int, default=512)
-    p.add_argument("--cpu-chunks", type=int, default=1024, help="CPU tier chunks; 0 disables offload")
-    p.add_argument("--blocks-per-chunk", type=int, default=1)
-    p.add_argument("--cpu-policy", choices=["lru", "arc"], default="lru")
-    p.add_argument("--hash", dest="hash_algorithm", choices=["sha256", "sha256_cbor"], default="sha256")
-    p.add_argument("--retention", type=_retention, default=0, help="prefix-cache retention interval: none | 0 | N")
-    p.add_argument("--token-budget", type=int, default=256, help="tokens computed per step")
-    p.add_argument("--max-running", type=int, default=16)
-    p.add_argument("--layers", type=int, default=2, help="layers per group")
-    p.add_argument("--arrivals", type=float, default=0.3, help="new conversations per step (synthetic)")
-    p.add_argument("--system-prompts", type=int, default=6)
-    p.add_argument("--trace", type=Path, help="JSONL trace instead of the synthetic workload")
-    p.add_argument("--no-publish", action="store_true", help="dry run: count events, send nothing")
-    p.add_argument("--topic", help="Kafka topic (default: the events_topic setting)")
-    p.add_argument("--model", default="kvpipe-sim")
-    p.add_argument("--restart-at", type=int, help="simulate a restart before this step (new epoch, empty cache)")
-    p.add_argument("--export-prefixes", type=Path, help="write system prompts and their block hashes as JSON")
-    add_json(p, help="print the run summary as JSON, the last stdout line", aliases=("--summary-json",))
-    add_bootstrap_server(p)
-    add_log_level(p)
-    p.add_argument("--progress", action="store_true", help="progress lines on stderr")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (the tensors are tiny)")
-    p.add_argument("--device", default="cpu",
-                   help="device of the KV tensors: cpu, cuda, cuda:N or auto (cuda when available)")
-    return p
+class _Retention(click.ParamType):
+    name = "none|N"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
+        if value is None or isinstance(value, int):
+            return value
+        if str(value).lower() == "none":
+            return None
+        try:
+            number = int(value)
+        except ValueError:
+            number = -1
+        if number < 0:
+            self.fail(f"{value!r}: expected none or an integer >= 0", param, ctx)
+        return number
 
 
-def make_workload(args: argparse.Namespace) -> Workload:
+@click.command("node", cls=Command, help=__doc__)
+@click.option("--node-id", default="node-0", show_default=True, help="the node's id (the Kafka key of its events)")
+@click.option("--steps", type=int, help="stop after this many steps (default 500; not with --duration)")
+@click.option("--duration", type=float, help="stop after this many seconds (not with --steps)")
+@click.option("--rate", type=float, default=0.0, help="steps per second; 0 = as fast as possible")
+@click.option("--seed", type=int, default=0, help="traffic seed (arrivals, users, repeats)")
+@click.option("--prompt-seed", type=int, default=0,
+              help="seed of the shared system prompts; keep it equal across nodes of one demo")
+@click.option("--groups", type=_Groups(), default=DEFAULT_GROUPS,
+              help=f"KV cache groups, kind:block_size[:window|chunk] in group order (default {DEFAULT_GROUPS})")
+@click.option("--prefix-match-unit", type=int, metavar="TOKENS",
+              help="explicit hash unit below the gcd of the group block sizes (e.g. 16 with "
+                   "full:64,mamba:768: partial hits land on it)")
+@click.option("--eagle-group", type=int, multiple=True, metavar="IDX",
+              help="a group that serves an EAGLE draft (its hit drops one block); repeatable")
+@click.option("--gpu-blocks", type=int, default=512, show_default=True, help="GPU blocks of the KV cache")
+@click.option("--cpu-chunks", type=int, default=1024, help="CPU tier chunks; 0 disables offload (default 1024)")
+@click.option("--blocks-per-chunk", type=int, default=1, show_default=True, help="GPU blocks per CPU tier chunk")
+@click.option("--cpu-policy", type=click.Choice(["lru", "arc"]), default="lru", show_default=True,
+              help="eviction policy of the CPU tier")
+@click.option("--hash", "hash_algorithm", type=click.Choice(["sha256", "sha256_cbor"]), default="sha256",
+              show_default=True, help="block hash (vLLM's --prefix-caching-hash-algo)")
+@click.option("--retention", type=_Retention(), default="0", help="prefix-cache retention interval: none | 0 | N")
+@click.option("--token-budget", type=int, default=256, help="tokens computed per step (default 256)")
+@click.option("--max-running", type=int, default=16, show_default=True, help="requests running at once")
+@click.option("--layers", type=int, default=2, help="layers per group (default 2)")
+@click.option("--arrivals", type=float, default=0.3, help="new conversations per step (synthetic; default 0.3)")
+@click.option("--system-prompts", type=int, default=6, show_default=True, help="shared system prompts (synthetic)")
+@click.option("--trace", type=click.Path(dir_okay=False, path_type=Path),
+              help="JSONL trace instead of the synthetic workload")
+@click.option("--no-publish", is_flag=True, help="dry run: count events, send nothing")
+@click.option("--topic", help="Kafka topic (default: the events_topic setting)")
+@click.option("--model", default="kvpipe-sim", show_default=True, help="model name carried in the envelopes")
+@click.option("--restart-at", type=int, help="simulate a restart before this step (new epoch, empty cache)")
+@click.option("--export-prefixes", type=click.Path(dir_okay=False, path_type=Path),
+              help="write system prompts and their block hashes as JSON")
+@json_option(help="print the run summary as JSON, the last stdout line", aliases=("--summary-json",))
+@bootstrap_server_option()
+@log_level_option()
+@click.option("--progress", is_flag=True, help="progress lines on stderr")
+@click.option("--threads", type=int, default=1, help="torch threads (the tensors are tiny; default 1)")
+@click.option("--device", default="cpu", show_default=True,
+              help="device of the KV tensors: cpu, cuda, cuda:N or auto (cuda when available)")
+def node(**params: Any) -> int:
+    if params["steps"] is not None and params["duration"] is not None:
+        raise click.UsageError("give --steps or --duration, not both")
+    return _run_node(SimpleNamespace(**params))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return int(run(node, argv, "kvpipe node"))
+
+
+def make_workload(args: SimpleNamespace) -> Workload:
     if args.trace is not None:
         return TraceWorkload.from_file(args.trace)
     return SyntheticWorkload(SyntheticConfig(seed=args.seed, prompt_seed=args.prompt_seed,
@@ -103,8 +135,8 @@ def make_workload(args: argparse.Namespace) -> Workload:
                                              arrivals_per_step=args.arrivals))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _run_node(args: SimpleNamespace) -> int:
+    """The node, its flags as attributes (parameter names of `node`)."""
     import torch
 
     torch.set_num_threads(max(1, args.threads))
@@ -114,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     elif device.startswith("cuda") and not torch.cuda.is_available():
         print(f"kvpipe node: --device {device}: torch sees no CUDA device here", file=sys.stderr)
         return 2
-    configure_logging(args)
-    apply_bootstrap(args)
+    configure_logging(args.log_level)
+    apply_bootstrap(args.bootstrap_server)
     config = NodeConfig(node_id=args.node_id, specs=args.groups, gpu_blocks=args.gpu_blocks,
                         cpu_chunks=args.cpu_chunks, blocks_per_chunk=args.blocks_per_chunk,
                         cpu_policy=args.cpu_policy, hash_algorithm=args.hash_algorithm,
@@ -161,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         if publisher is not None:
             publisher.close()
     summary = node.summary(elapsed, publisher)
-    if args.json:
+    if args.as_json:
         print(json.dumps(summary, sort_keys=True))
     else:
         print(f"{args.node_id}: {summary['steps']} steps in {elapsed:.2f}s, {summary['requests']['finished']} "

@@ -1,14 +1,15 @@
 """`kvpipe analytics` (the analytics app) and `kvpipe sql` (analyst SQL and the report)."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from typing import Any
 
+import click
+
 from processors.appcli import worker_settings
-from schemas.cliopts import add_bootstrap_server, add_log_level, apply_bootstrap, log_level
+from schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, json_option, log_level_option
 from schemas.settings import SettingsError, load_settings
 
 SCALING = (
@@ -19,30 +20,31 @@ SCALING = (
     "analytics worker; with a ClickHouse server (KVPIPE_CLICKHOUSE_DSN=http(s)://...) run several.")
 
 
-def main_analytics(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvpipe analytics", description=(
-        "Run the analytics app (Faust): consume KV events with the same index code as the routing app, "
-        "derive event and block-lifetime rows, write them to ClickHouse exactly once, and serve analyst "
-        "SQL (POST /sql) plus /stats /metrics /health. No row is dropped: while the store refuses, "
-        "inserts are retried with back-off and consumption pauses (the events topic's retention must "
-        "cover the outage); progress advances only over rows the store acknowledged. " + SCALING))
-    parser.add_argument("--web-port", type=int, help="HTTP port of /sql and /stats (KVPIPE_ANALYTICS_WEB_PORT)")
-    parser.add_argument("--state-dir", help="local state directory; embedded chDB lives under it (KVPIPE_STATE_DIR)")
-    parser.add_argument("--topic", help="events topic to consume (KVPIPE_EVENTS_TOPIC)")
-    parser.add_argument("--analytics-id", help="Faust app id = consumer group (KVPIPE_ANALYTICS_ID)")
-    parser.add_argument("--clickhouse-dsn", help="chdb:///path or http(s)://user:pass@host:8123 (KVPIPE_CLICKHOUSE_DSN)")
-    parser.add_argument("--web-host", help="address the HTTP API binds (KVPIPE_WEB_HOST; loopback by default)")
-    parser.add_argument("--insecure", action="store_true",
-                        help="allow a non-loopback --web-host without an API token (KVPIPE_API_TOKEN)")
-    add_bootstrap_server(parser)
-    add_log_level(parser, loglevel_alias=True)
-    args = parser.parse_args(argv)
-    apply_bootstrap(args)
-    level = log_level(args)  # Faust's Worker configures logging (root, so kvpipe's loggers too) at it
-    flags = {"KVPIPE_ANALYTICS_WEB_PORT": args.web_port, "KVPIPE_WEB_HOST": args.web_host, "KVPIPE_STATE_DIR": args.state_dir,
-             "KVPIPE_EVENTS_TOPIC": args.topic, "KVPIPE_ANALYTICS_ID": args.analytics_id,
-             "KVPIPE_CLICKHOUSE_DSN": args.clickhouse_dsn}
-    settings = worker_settings("kvpipe analytics", flags, args.insecure)
+@click.command("analytics", cls=Command, help=(
+    "Run the analytics app (Faust): consume KV events with the same index code as the routing app, "
+    "derive event and block-lifetime rows, write them to ClickHouse exactly once, and serve analyst "
+    "SQL (POST /sql) plus /stats /metrics /health.\n\nNo row is dropped: while the store refuses, "
+    "inserts are retried with back-off and consumption pauses (the events topic's retention must "
+    "cover the outage); progress advances only over rows the store acknowledged.\n\n" + SCALING))
+@click.option("--web-port", type=int, help="HTTP port of /sql and /stats (KVPIPE_ANALYTICS_WEB_PORT)")
+@click.option("--state-dir", help="local state directory; embedded chDB lives under it (KVPIPE_STATE_DIR)")
+@click.option("--topic", help="events topic to consume (KVPIPE_EVENTS_TOPIC)")
+@click.option("--analytics-id", help="Faust app id = consumer group (KVPIPE_ANALYTICS_ID)")
+@click.option("--clickhouse-dsn", help="chdb:///path or http(s)://user:pass@host:8123 (KVPIPE_CLICKHOUSE_DSN)")
+@click.option("--web-host", help="address the HTTP API binds (KVPIPE_WEB_HOST; loopback by default)")
+@click.option("--insecure", is_flag=True,
+              help="allow a non-loopback --web-host without an API token (KVPIPE_API_TOKEN)")
+@bootstrap_server_option()
+@log_level_option(loglevel_alias=True)
+def analytics(web_port: int | None, state_dir: str | None, topic: str | None, analytics_id: str | None,
+              clickhouse_dsn: str | None, web_host: str | None, insecure: bool, bootstrap_server: str | None,
+              log_level: str) -> int:
+    apply_bootstrap(bootstrap_server)
+    # log_level is resolved (flag, KVPIPE_LOG_LEVEL, default): Faust's Worker configures logging at it
+    flags = {"KVPIPE_ANALYTICS_WEB_PORT": web_port, "KVPIPE_WEB_HOST": web_host, "KVPIPE_STATE_DIR": state_dir,
+             "KVPIPE_EVENTS_TOPIC": topic, "KVPIPE_ANALYTICS_ID": analytics_id,
+             "KVPIPE_CLICKHOUSE_DSN": clickhouse_dsn}
+    settings = worker_settings("kvpipe analytics", flags, insecure)
     if settings is None:
         return 2
     os.makedirs(settings.state_path("analytics-app"), exist_ok=True)
@@ -59,7 +61,7 @@ def main_analytics(argv: list[str]) -> int:
               f"({type(exc).__name__}: {_safe_text(exc, settings.clickhouse())}); check KVPIPE_CLICKHOUSE_DSN and that the store is up", file=sys.stderr)
         return 1
     # Worker installs SIGTERM/SIGINT handlers that stop the app cleanly (final snapshot included).
-    Worker(app, loglevel=level, quiet=True).execute_from_commandline()
+    Worker(app, loglevel=log_level, quiet=True).execute_from_commandline()
     return 0
 
 
@@ -84,75 +86,68 @@ def _analytics_url(url: str | None) -> str:
     return f"http://{s.web_host}:{s.analytics_web_port}"
 
 
-def _print_table(result: dict) -> None:
-    columns, rows = result.get("columns", []), result.get("rows", [])
-    cells = [[str(c) for c in columns]] + [["" if v is None else str(v) for v in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    for n, row in enumerate(cells):
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
-    print(f"({len(rows)} rows)")
+FORMATS = ("table", "markdown", "csv", "json")
 
 
-def main_sql(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvpipe sql", description=(
-        "Run a read-only query on the analytics store, or a saved capacity-planning query by name "
-        "(infra/clickhouse/queries; --list shows them): embedded chDB is read through the running "
-        "analytics app (`kvpipe analytics`, the only process that may open it), a ClickHouse server "
-        "(http/https DSN) directly."))
-    parser.add_argument("sql", nargs="?", help="SELECT / WITH / SHOW / DESCRIBE / EXPLAIN statement")
-    parser.add_argument("--saved", metavar="NAME", help="run the saved query NAME instead of a statement")
-    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                        help="a saved query's parameter (repeatable; --list shows each query's parameters)")
-    parser.add_argument("--list", action="store_true", help="list the saved queries with their parameters")
-    parser.add_argument("--format", choices=("table", "csv", "json"), default="table",
-                        help="table (default), csv, or json ({columns, types, rows})")
-    parser.add_argument("--json", action="store_true", help="same as --format json")
-    parser.add_argument("--url", help="analytics app base URL (embedded mode; default: "
-                                      "http://<web_host>:<analytics_web_port>)")
-    args = parser.parse_args(argv)
+@click.command("sql", cls=Command, help=(
+    "Run a read-only query on the analytics store, or a saved capacity-planning query by name "
+    "(infra/clickhouse/queries; --list shows them): embedded chDB is read through the running "
+    "analytics app (`kvpipe analytics`, the only process that may open it), a ClickHouse server "
+    "(http/https DSN) directly.\n\nSTATEMENT: SELECT / WITH / SHOW / DESCRIBE / EXPLAIN."))
+@click.argument("statement", required=False)
+@click.option("--saved", metavar="NAME", help="run the saved query NAME instead of a statement")
+@click.option("--param", "param_items", multiple=True, metavar="NAME=VALUE",
+              help="a saved query's parameter (repeatable; --list shows each query's parameters)")
+@click.option("--list", "list_saved", is_flag=True, help="list the saved queries with their parameters")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table",
+              help="table (default), markdown (GitHub table), csv, or json ({columns, types, rows})")
+@json_option(help="same as --format json")
+@click.option("--url", help="analytics app base URL (embedded mode; default: "
+                            "http://<web_host>:<analytics_web_port>)")
+def sql(statement: str | None, saved: str | None, param_items: tuple[str, ...], list_saved: bool, fmt: str,
+        as_json: bool, url: str | None) -> int:
     from processors.analytics.saved import list_queries, load_query
 
-    if args.list:
+    if list_saved:
         for q in list_queries():
             params = ", ".join(f"{p.name} {p.type} = {p.default!r}" for p in q.params) or "no parameters"
             print(f"{q.name:<24} {q.title}\n{'':<24} ({params})")
         return 0
-    if (args.sql is None) == (args.saved is None):
-        parser.error("give a statement or --saved NAME (or --list)")
+    if (statement is None) == (saved is None):
+        raise click.UsageError("give a statement or --saved NAME (or --list)")
     params: dict[str, str] = {}
-    for item in args.param:
+    for item in param_items:
         name, sep, value = item.partition("=")
         if not sep:
-            parser.error(f"--param {item!r}: expected NAME=VALUE")
+            raise click.BadParameter(f"{item!r}: expected NAME=VALUE", param_hint="--param")
         params[name] = value
-    if args.saved is not None:
+    if saved is not None:
         try:
-            query = load_query(args.saved)
-            sql, bound = query.sql, query.bind(params)
+            query = load_query(saved)
+            text, bound = query.sql, query.bind(params)
         except (KeyError, ValueError) as exc:
             print(f"kvpipe sql: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
             return 2
     else:
         if params:
-            parser.error("--param is for --saved queries")
-        sql, bound = args.sql, {}
+            raise click.UsageError("--param is for --saved queries")
+        text, bound = statement, {}
     from processors.analytics.sqlguard import check_read_only
 
     try:  # checked here too, so a write is refused with a clear reason even when no store answers
-        check_read_only(sql)
+        check_read_only(text)
     except ValueError as exc:
         print(f"kvpipe sql: statement not allowed: {exc}", file=sys.stderr)
         return 2
-    result = _run_remote("kvpipe sql", args.url, lambda target: target(sql, bound))
+    result = _run_remote("kvpipe sql", url, lambda target: target(text, bound))
     if result is None:
         return 1
-    print_result(result, "json" if args.json else args.format)
+    print_result(result, "json" if as_json else fmt)
     return 0
 
 
 def print_result(result: dict, fmt: str) -> None:
+    """A query result `{columns, rows, ...}` as `fmt` (FORMATS); csv and json keep exact values."""
     if fmt == "json":
         print(json.dumps(result, default=str))
     elif fmt == "csv":
@@ -162,7 +157,11 @@ def print_result(result: dict, fmt: str) -> None:
         out.writerow(result.get("columns", []))
         out.writerows([["" if v is None else v for v in row] for row in result.get("rows", [])])
     else:
-        _print_table(result)
+        from processors.texttable import render
+
+        rows = result.get("rows", [])
+        print(render(result.get("columns", []), rows, style="markdown" if fmt == "markdown" else "text"))
+        print(f"({len(rows)} rows)")
 
 
 def _run_remote(prog: str, url: str | None, work):
@@ -190,39 +189,37 @@ def _run_remote(prog: str, url: str | None, work):
     return None
 
 
-def main_plan(argv: list[str]) -> int:
+@click.command("plan", cls=Command, help=(
+    "The capacity curve: per node, group kind and medium (GPU and the CPU tier), how many re-stores "
+    "(evicted blocks stored again) an LRU cache of X more or fewer blocks would have turned into hits, "
+    "and the recompute that saves, with the method and its assumptions. Reads the saved query "
+    "capacity_curve through the analytics app (or a ClickHouse server DSN)."))
+@click.option("--node", default="", help="only this node id")
+@click.option("--group-kind", default="", help="only this group kind (full_attention, sliding_window, mamba, ...)")
+@click.option("--extra", default="-0.5,-0.25,0,0.25,0.5,1,2,4", show_default=True,
+              help="cache size changes as fractions of the observed capacity (comma-separated)")
+@json_option(help="print the curves and the method as JSON")
+@click.option("--url", help="analytics app base URL (embedded mode)")
+def plan(node: str, group_kind: str, extra: str, as_json: bool, url: str | None) -> int:
     from processors.analytics.plan import curves, render
 
-    parser = argparse.ArgumentParser(prog="kvpipe plan", description=(
-        "The capacity curve: per node, group kind and medium (GPU and the CPU tier), how many re-stores "
-        "(evicted blocks stored again) an LRU cache of X more or fewer blocks would have turned into hits, "
-        "and the recompute that saves, with the method and its assumptions. Reads the saved query "
-        "capacity_curve through the analytics app (or a ClickHouse server DSN)."))
-    parser.add_argument("--node", default="", help="only this node id")
-    parser.add_argument("--group-kind", default="", help="only this group kind (full_attention, sliding_window, mamba, ...)")
-    parser.add_argument("--extra", default="-0.5,-0.25,0,0.25,0.5,1,2,4",
-                        help="cache size changes as fractions of the observed capacity (comma-separated)")
-    parser.add_argument("--json", action="store_true", help="print the curves and the method as JSON")
-    parser.add_argument("--url", help="analytics app base URL (embedded mode)")
-    args = parser.parse_args(argv)
-    params = {"node": args.node, "group_kind": args.group_kind, "extra": args.extra}
-    result = _run_remote("kvpipe plan", args.url, lambda target: curves(target, params))
+    params = {"node": node, "group_kind": group_kind, "extra": extra}
+    result = _run_remote("kvpipe plan", url, lambda target: curves(target, params))
     if result is None:
         return 1
-    print(json.dumps(result, default=str) if args.json else render(result))
+    print(json.dumps(result, default=str) if as_json else render(result))
     return 0
 
 
-def main_report(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvpipe report", description=(
-        "Write the capacity-planning report: one self-contained HTML page (plots inline, no network needed "
-        "to view it) with every saved query's table, read through the analytics app (or a server DSN)."))
-    parser.add_argument("--out", default="report.html", help="output file (default: report.html)")
-    parser.add_argument("--url", help="analytics app base URL (embedded mode)")
-    args = parser.parse_args(argv)
+@click.command("report", cls=Command, help=(
+    "Write the capacity-planning report: one self-contained HTML page (plots inline, no network needed "
+    "to view it) with every saved query's table, read through the analytics app (or a server DSN)."))
+@click.option("--out", default="report.html", help="output file (default: report.html)")
+@click.option("--url", help="analytics app base URL (embedded mode)")
+def report(out: str, url: str | None) -> int:
     from processors.analytics.report import build_report
 
-    path = _run_remote("kvpipe report", args.url, lambda target: build_report(target, args.out))
+    path = _run_remote("kvpipe report", url, lambda target: build_report(target, out))
     if path is None:
         return 1
     print(path)

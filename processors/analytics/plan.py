@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from processors.analytics.restores import CAPACITY_METHOD
 from processors.analytics.saved import run_query
+from processors.texttable import render as table
 
 POINT_FIELDS = ("extra_fraction", "extra_blocks", "cache_blocks", "hits", "hit_fraction", "tokens_saved")
 
@@ -35,11 +36,10 @@ def render(plan: dict) -> str:
     for c in plan["curves"]:
         lines.append(f"{c['node_id']}  {c['group_kind'] or '(unknown kind)'}  {c['medium']}: observed capacity "
                      f"{c['capacity']} blocks, {c['restores']} re-stores")
-        lines.append(f"  {'change':>8} {'extra blocks':>12} {'cache blocks':>12} {'hits':>10} {'hit %':>7} "
-                     f"{'tokens saved':>13}")
-        for p in c["points"]:
-            lines.append(f"  {p['extra_fraction'] * 100:>7.0f}% {p['extra_blocks']:>12} {p['cache_blocks']:>12} "
-                         f"{p['hits']:>10} {p['hit_fraction'] * 100:>6.1f}% {p['tokens_saved']:>13}")
+        points = [[f"{p['extra_fraction'] * 100:.0f}%", p["extra_blocks"], p["cache_blocks"], p["hits"],
+                   f"{p['hit_fraction'] * 100:.1f}%", p["tokens_saved"]] for p in c["points"]]
+        lines.append(table(["change", "extra blocks", "cache blocks", "hits", "hit %", "tokens saved"], points,
+                           right=range(6)))
         lines.append("")
     lines.append(textwrap.fill(plan["method"], 100))
     return "\n".join(lines)

@@ -10,15 +10,18 @@ ratio = value / baseline (1.0 = the bridge keeps up with a publisher running fla
 """
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import time
 import uuid
 from multiprocessing.connection import Connection
+from types import SimpleNamespace
+from typing import Any
 
+import click
 import zmq
 
 from producer.bridge.testing_publisher import CacheSim, TestingPublisher
+from schemas.cliopts import Command, run as run_command
 from schemas.codec import encode_vllm_batch
 from schemas.envelope import GroupSpec
 from schemas.settings import load_settings
@@ -110,12 +113,12 @@ def _bridged(conn: Connection, n: int, bootstrap: str | None, topic: str) -> dic
             "bridge": bridge.counters()["bench/dp0"], "publisher": publishers[0].counters()}
 
 
-def run(argv: list[str]) -> dict:
-    parser = argparse.ArgumentParser(prog="kvpipe bench bridge")
-    parser.add_argument("--batches", type=int, default=20_000)
-    parser.add_argument("--stores", type=int, default=4, help="blocks stored per group per step")
-    parser.add_argument("--bootstrap", help="Kafka bootstrap (default: settings)")
-    args = parser.parse_args(argv)
+@click.command("bridge", cls=Command, help=__doc__)
+@click.option("--batches", type=int, default=20_000, show_default=True, help="vLLM batches sent by each side")
+@click.option("--stores", type=int, default=4, show_default=True, help="blocks stored per group per step")
+@click.option("--bootstrap", metavar="HOST:PORT", help="Kafka bootstrap (default: --bootstrap-server, the settings)")
+def bridge_bench(**params: Any) -> dict:
+    args = SimpleNamespace(**params)
 
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -155,3 +158,8 @@ def run(argv: list[str]) -> dict:
         "publish_rejected": bridged["bridge"]["publish_rejected"],
         "bridge_seconds": round(bridged["seconds"], 3), "raw_seconds": round(raw["seconds"], 3),
     }
+
+
+def run(argv: list[str]) -> dict | int:
+    """`kvpipe bench bridge`: the result, or an exit code after help or a usage error."""
+    return run_command(bridge_bench, argv, "kvpipe bench bridge")

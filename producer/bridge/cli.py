@@ -1,70 +1,81 @@
 """`kvpipe bridge`: forward a vLLM node's ZMQ KV events into Kafka (or record them to files).
 
+\b
     kvpipe bridge --zmq tcp://node:5557 --replay tcp://node:5558 --node-id node-a [--dp-ranks 2] \\
         --groups full_attention:16,sliding_window:16:4096 --bootstrap-server broker:9092
     kvpipe bridge --zmq tcp://node:5557 --node-id node-a --record captures/
 
-vLLM side: `--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
-"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'`.
+\b
+vLLM side:
+    --kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+                         "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import threading
+from types import SimpleNamespace
+
+import click
 
 from producer.bridge.replay import DEFAULT_TIMEOUT_S
 from producer.bridge.runner import Bridge, BridgeConfig
 from schemas.layout import layout_problem
-from schemas.cliopts import add_bootstrap_server, add_log_level, apply_bootstrap, configure_logging, deprecated
+from schemas.cliopts import (Command, apply_bootstrap, bootstrap_server_option, configure_logging, deprecated,
+                             log_level_option, run)
 from producer.bridge.specs import SpecsError, apply_options, load_specs_file, parse_group_spec
 from schemas.groupspec import EXAMPLE, GRAMMAR, GroupSpecError, parse_groups
 
 log = logging.getLogger("kvpipe.bridge")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvpipe bridge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--zmq", required=True, metavar="ENDPOINT", help="vLLM's PUB endpoint (rank 0), e.g. tcp://node:5557")
-    p.add_argument("--replay", metavar="ENDPOINT", help="vLLM's replay ROUTER endpoint (rank 0), e.g. tcp://node:5558")
-    p.add_argument("--node-id", required=True, metavar="NAME", help="node name; rank r becomes node '<NAME>/dp<r>'")
-    p.add_argument("--node-id-format", default="{name}/dp{rank}", help="node id per rank (default: %(default)s)")
-    p.add_argument("--dp-ranks", type=int, default=1, metavar="N", help="data-parallel ranks on this node (port + r)")
-    p.add_argument("--dp-rank-start", type=int, default=0, metavar="R", help="first rank (multi-host data parallel)")
-    p.add_argument("--bind", action="store_true", help="bind the SUB endpoint (vLLM connects to us)")
-    p.add_argument("--subscribe", default="", metavar="PREFIX", help="ZMQ topic prefix to subscribe to (default: all)")
-    p.add_argument("--topic", help="Kafka topic (default: settings.events_topic)")
-    add_bootstrap_server(p, deprecated_aliases=("--bootstrap",))
-    p.add_argument("--model", help="model name carried in the envelopes")
-    p.add_argument("--specs-file", metavar="FILE", help="JSON with group_specs (+ hash_config, model)")
-    p.add_argument("--groups", metavar="SPECS",
-                   help=f"the node's KV cache groups: {GRAMMAR} (e.g. {EXAMPLE}); short or vLLM kind names")
-    p.add_argument("--group-spec", action="append", default=[], metavar="SPEC",
-                   help="one group as a GroupSpec JSON object (fields --groups has no syntax for); repeatable. "
-                        "The older IDX:KIND:BLOCK_SIZE[:WINDOW] form is read with a deprecation warning")
-    p.add_argument("--eagle-group", action="append", type=int, default=[], metavar="IDX",
-                   help="a declared group that serves an EAGLE draft (its hit drops one block); repeatable")
-    p.add_argument("--prefix-match-unit", type=int, metavar="TOKENS",
-                   help="the node's explicit hash unit (vLLM --prefix-match-unit); needs a hash_config")
-    p.add_argument("--context-parallel", type=int, default=1, metavar="N",
-                   help="the node's prefill context parallel size (checked: vLLM allows one group only above 1)")
-    p.add_argument("--replay-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S")
-    p.add_argument("--silence-warn-s", type=float, default=30.0, metavar="S",
-                   help="warn when no frame arrives for S seconds after connecting or since the last one "
-                        "(0: never; default: %(default)s)")
-    p.add_argument("--metrics-port", type=int, metavar="P", help="serve Prometheus /metrics on this port (0: any)")
-    p.add_argument("--metrics-host", default="127.0.0.1",
-                   help="address of /metrics (default loopback; another address needs KVPIPE_API_TOKEN or --insecure)")
-    p.add_argument("--insecure", action="store_true", help="allow a non-loopback --metrics-host without a token")
-    p.add_argument("--metrics-url", metavar="URL",
-                   help="the engine's Prometheus /metrics (e.g. http://node:8000/metrics): scraped for the load "
-                        "(running, waiting requests, KV cache usage) every envelope then carries for the router")
-    p.add_argument("--metrics-every", type=float, default=1.0, metavar="S", help="scrape period of --metrics-url")
-    p.add_argument("--record", metavar="DIR", help="write raw frames to DIR/rank<r>.kvrec instead of Kafka")
-    add_log_level(p, default="info")
-    p.add_argument("--log-every", type=float, default=10.0, metavar="S", help="counter log line period")
-    return p
+@click.command("bridge", cls=Command, help=__doc__)
+@click.option("--zmq", required=True, metavar="ENDPOINT", help="vLLM's PUB endpoint (rank 0), e.g. tcp://node:5557")
+@click.option("--replay", metavar="ENDPOINT", help="vLLM's replay ROUTER endpoint (rank 0), e.g. tcp://node:5558")
+@click.option("--node-id", required=True, metavar="NAME", help="node name; rank r becomes node '<NAME>/dp<r>'")
+@click.option("--node-id-format", default="{name}/dp{rank}", show_default=True, help="node id per rank")
+@click.option("--dp-ranks", type=int, default=1, metavar="N", help="data-parallel ranks on this node (port + r)")
+@click.option("--dp-rank-start", type=int, default=0, metavar="R", help="first rank (multi-host data parallel)")
+@click.option("--bind", is_flag=True, help="bind the SUB endpoint (vLLM connects to us)")
+@click.option("--subscribe", default="", metavar="PREFIX", help="ZMQ topic prefix to subscribe to (default: all)")
+@click.option("--topic", help="Kafka topic (default: settings.events_topic)")
+@bootstrap_server_option(deprecated_aliases=("--bootstrap",))
+@click.option("--model", help="model name carried in the envelopes")
+@click.option("--specs-file", metavar="FILE", help="JSON with group_specs (+ hash_config, model)")
+@click.option("--groups", metavar="SPECS",
+              help=f"the node's KV cache groups: {GRAMMAR} (e.g. {EXAMPLE}); short or vLLM kind names")
+@click.option("--group-spec", multiple=True, metavar="SPEC",
+              help="one group as a GroupSpec JSON object (fields --groups has no syntax for); repeatable. "
+                   "The older IDX:KIND:BLOCK_SIZE[:WINDOW] form is read with a deprecation warning")
+@click.option("--eagle-group", multiple=True, type=int, metavar="IDX",
+              help="a declared group that serves an EAGLE draft (its hit drops one block); repeatable")
+@click.option("--prefix-match-unit", type=int, metavar="TOKENS",
+              help="the node's explicit hash unit (vLLM --prefix-match-unit); needs a hash_config")
+@click.option("--context-parallel", type=int, default=1, metavar="N",
+              help="the node's prefill context parallel size (checked: vLLM allows one group only above 1)")
+@click.option("--replay-timeout", type=float, default=DEFAULT_TIMEOUT_S, show_default=True, metavar="S",
+              help="seconds to wait for the replay endpoint's answer")
+@click.option("--silence-warn-s", type=float, default=30.0, show_default=True, metavar="S",
+              help="warn when no frame arrives for S seconds after connecting or since the last one (0: never)")
+@click.option("--metrics-port", type=int, metavar="P", help="serve Prometheus /metrics on this port (0: any)")
+@click.option("--metrics-host", default="127.0.0.1",
+              help="address of /metrics (default loopback; another address needs KVPIPE_API_TOKEN or --insecure)")
+@click.option("--insecure", is_flag=True, help="allow a non-loopback --metrics-host without a token")
+@click.option("--metrics-url", metavar="URL",
+              help="the engine's Prometheus /metrics (e.g. http://node:8000/metrics): scraped for the load "
+                   "(running, waiting requests, KV cache usage) every envelope then carries for the router")
+@click.option("--metrics-every", type=float, default=1.0, show_default=True, metavar="S",
+              help="scrape period of --metrics-url")
+@click.option("--record", metavar="DIR", help="write raw frames to DIR/rank<r>.kvrec instead of Kafka")
+@log_level_option(default="info")
+@click.option("--log-every", type=float, default=10.0, show_default=True, metavar="S", help="counter log line period")
+def bridge(**params: object) -> int:
+    return _bridge(SimpleNamespace(**params))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return int(run(bridge, argv, "kvpipe bridge"))
 
 
 def _warn_legacy_group(item: str) -> None:
@@ -72,10 +83,10 @@ def _warn_legacy_group(item: str) -> None:
                f"--groups {GRAMMAR}, e.g. --groups {EXAMPLE}")
 
 
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    configure_logging(args)
-    apply_bootstrap(args)
+def _bridge(args: SimpleNamespace) -> int:
+    """The bridge, its flags as attributes (parameter names of `bridge`)."""
+    configure_logging(args.log_level)
+    apply_bootstrap(args.bootstrap_server)
     try:
         specs_file = load_specs_file(args.specs_file) if args.specs_file else None
         declared = list(specs_file.group_specs) if specs_file else []
@@ -113,7 +124,7 @@ def main(argv: list[str]) -> int:
     return _serve(bridge, args)
 
 
-def _forwarding_bridge(config: BridgeConfig, args: argparse.Namespace, declared: list, hash_config, model) -> Bridge:
+def _forwarding_bridge(config: BridgeConfig, args: SimpleNamespace, declared: list, hash_config, model) -> Bridge:
     # Kafka only when forwarding: `--record` must work on a machine without a broker.
     from producer.bridge.dlq import KafkaDeadLetters
     from producer.publisher import Publisher
@@ -133,7 +144,7 @@ def _forwarding_bridge(config: BridgeConfig, args: argparse.Namespace, declared:
                   declared_specs=declared, hash_config=hash_config)
 
 
-def _metrics_token(args: argparse.Namespace) -> str | None:
+def _metrics_token(args: SimpleNamespace) -> str | None:
     """The bearer token /metrics requires ("" = none); None when the bind is refused (logged)."""
     from schemas.settings import SettingsError, exposure_problem, load_settings
 
@@ -150,7 +161,7 @@ def _metrics_token(args: argparse.Namespace) -> str | None:
     return token
 
 
-def _serve(bridge: Bridge, args: argparse.Namespace) -> int:
+def _serve(bridge: Bridge, args: SimpleNamespace) -> int:
     token = _metrics_token(args) if args.metrics_port is not None else ""
     if token is None:
         return 2

@@ -103,7 +103,9 @@ def test_route_by_hashes_ranks_by_the_hybrid_hit_in_tokens(running: Running):
     assert _hits(done.stdout) == [("node-y", 16, 0), ("node-x", 0, 0)]
     human = running.cli.run("route", "--hashes", "11,12,13,14", "--num-tokens", "65")
     assert human.returncode == 0 and human.stdout.startswith("chosen: node-y"), human.stdout
-    assert "node-y" in human.stdout.splitlines()[2] and "node-x" not in human.stdout  # no hit, not listed
+    lines = human.stdout.splitlines()  # chosen, then a table: border, header, border, rows
+    assert lines[2].split("|")[1].strip() == "node" and lines[4].split("|")[1].strip() == "node-y", human.stdout
+    assert "node-x" not in human.stdout  # no hit, not listed
 
 
 def test_route_by_file_explains_with_per_group_prefixes(running: Running, tmp_path):
@@ -130,8 +132,10 @@ def test_sql_prints_a_table_and_json_read_through_the_analytics_app(running: Run
     expected = sum(running.model.events.values())
     done = running.cli.run("sql", "SELECT count() AS n FROM kv_events_final")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:3] == ["n", "-" * max(1, len(str(expected))), str(expected)]
-    assert "(1 rows)" in done.stdout
+    lines = done.stdout.splitlines()  # a bordered table: border, header, border, rows, border
+    assert lines[1] == "| n" + " " * (len(str(expected)) - 1) + " |" and lines[3] == f"| {expected} |", done.stdout
+    assert lines[0] == lines[2] == lines[4] == "+" + "-" * (len(str(expected)) + 2) + "+"
+    assert lines[5] == "(1 rows)"
     done = running.cli.run("sql", "--json", "SELECT kind, count() AS n FROM kv_events_final GROUP BY kind ORDER BY kind")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
@@ -168,8 +172,11 @@ def test_saved_queries_by_name_as_table_csv_and_json(running: Running):
     listed = running.cli.run("sql", "--list")
     assert listed.returncode == 0 and "capacity_curve" in listed.stdout and "wasted_recompute" in listed.stdout
     table = running.cli.run("sql", "--saved", "swa_fa_eviction_ratio")
-    assert table.returncode == 0 and table.stdout.splitlines()[0].split() == \
+    assert table.returncode == 0 and [c.strip() for c in table.stdout.splitlines()[1].strip("|").split("|")] == \
         ["medium", "swa_evicted", "fa_evicted", "swa_fa_ratio"], table.stdout
+    markdown = running.cli.run("sql", "--saved", "swa_fa_eviction_ratio", "--format", "markdown")
+    row = markdown.stdout.splitlines()[2]  # header, alignment row, rows: numbers right-aligned, NULL empty
+    assert markdown.returncode == 0 and row == "| GPU    |           3 |          0 |              |", markdown.stdout
     csv_out = running.cli.run("sql", "--saved", "swa_fa_eviction_ratio", "--format", "csv")
     assert csv_out.stdout.splitlines() == ["medium,swa_evicted,fa_evicted,swa_fa_ratio", "GPU,3,0,"], csv_out.stdout
     js = json.loads(running.cli.run("sql", "--saved", "lifetime_quantiles", "--param", "reasons=evicted",

@@ -13,6 +13,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import click
 import pytest
 
 from schemas import cliopts
@@ -41,9 +42,7 @@ EXPECTED = {
 
 
 def _help(argv: list[str], capsys) -> str:
-    with pytest.raises(SystemExit) as done:
-        main([*argv, "--help"])
-    assert done.value.code == 0
+    assert main([*argv, "--help"]) == 0
     return capsys.readouterr().out
 
 
@@ -62,11 +61,20 @@ def test_bench_help_lists_the_flags_every_benchmark_takes(capsys):
 
 
 def test_bench_takes_out_only_the_shared_flags():
-    from kvpipe.bench import _common_flags
+    from kvpipe.bench import split_common
 
-    rest, common = _common_flags(["--nodes", "3", "--json", KAFKA, "h:1", "--log-level", "INFO", "--jitter", "2"])
-    assert rest == ["--nodes", "3", "--jitter", "2"]  # --jitter is not abbreviated --json
-    assert (common.json, common.bootstrap_server, common.log_level) == (True, "h:1", "info")
+    rest, common = split_common(["--nodes", "3", "--json", KAFKA, "h:1", "--log-level", "INFO", "--jitter", "2",
+                                 "--extra=-0.5", "--help"])
+    assert rest == ["--nodes", "3", "--jitter", "2", "--extra=-0.5", "--help"]  # --jitter is not abbreviated --json
+    assert (common["as_json"], common["bootstrap_server"], common["log_level"]) == (True, "h:1", "info")
+
+
+def test_bench_hands_help_to_the_benchmark(capsys):
+    assert main(["bench", "faults", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "kvpipe bench faults" in out and "--outage-s" in out  # the benchmark's own flags
+    assert main(["bench", "faults", "--only", "nothing"]) == 2  # its usage error, with its exit code
+    assert "unknown probes" in capsys.readouterr().err
 
 
 def test_version(capsys):
@@ -89,20 +97,20 @@ def _environment_restored():
 
 def test_bootstrap_server_is_exported_for_settings_and_children(monkeypatch):
     monkeypatch.delenv("KVPIPE_KAFKA_BOOTSTRAP", raising=False)
-    from producer.bridge.cli import build_parser
+    from producer.bridge.cli import bridge
     from schemas.settings import load_settings
 
-    args = build_parser().parse_args(["--zmq", "tcp://x:1", "--node-id", "n", KAFKA, "b1:9092,b2:9092"])
-    assert cliopts.apply_bootstrap(args) == "b1:9092,b2:9092"
+    params = cliopts.parse(bridge, ["--zmq", "tcp://x:1", "--node-id", "n", KAFKA, "b1:9092,b2:9092"])
+    assert cliopts.apply_bootstrap(params["bootstrap_server"]) == "b1:9092,b2:9092"
     assert os.environ["KVPIPE_KAFKA_BOOTSTRAP"] == "b1:9092,b2:9092"
     assert load_settings().bootstrap() == "b1:9092,b2:9092"
 
 
 def test_the_bridge_bootstrap_flag_is_a_deprecated_alias(capsys):
-    from producer.bridge.cli import build_parser
+    from producer.bridge.cli import bridge
 
-    args = build_parser().parse_args(["--zmq", "tcp://x:1", "--node-id", "n", "--bootstrap", "old:9092"])
-    assert args.bootstrap_server == "old:9092"
+    params = cliopts.parse(bridge, ["--zmq", "tcp://x:1", "--node-id", "n", "--bootstrap", "old:9092"])
+    assert params["bootstrap_server"] == "old:9092"
     assert "--bootstrap is deprecated; use --bootstrap-server" in capsys.readouterr().err
 
 
@@ -123,25 +131,30 @@ def test_infra_status_uses_the_flag_not_the_local_broker(tmp_path):
 # --- --log-level / KVPIPE_LOG_LEVEL ------------------------------------------------------------------------------
 
 
-def _levels(argv: list[str]):
-    import argparse
-
-    p = argparse.ArgumentParser()
-    cliopts.add_log_level(p, default="info", loglevel_alias=True)
-    return p.parse_args(argv)
+@click.command("levels", cls=cliopts.Command)
+@cliopts.log_level_option(default="info", loglevel_alias=True)
+def _levels_command(log_level: str) -> None:
+    pass
 
 
-def test_log_level_flag_env_and_default(monkeypatch):
+def _levels(argv: list[str]) -> str:
+    """The level a command with `--log-level` (default info, `--loglevel` alias) receives."""
+    return cliopts.parse(_levels_command, argv)["log_level"]
+
+
+def test_log_level_flag_env_and_default(monkeypatch, capsys):
     monkeypatch.delenv("KVPIPE_LOG_LEVEL", raising=False)
-    assert cliopts.log_level(_levels([])) == "info"
+    assert _levels([]) == "info"
     monkeypatch.setenv("KVPIPE_LOG_LEVEL", "ERROR")
-    assert cliopts.log_level(_levels([])) == "error"
-    assert cliopts.log_level(_levels(["--log-level", "DEBUG"])) == "debug"  # the flag wins
-    assert cliopts.log_level(_levels(["--loglevel", "warning"])) == "warning"  # the old spelling
+    assert _levels([]) == "error"
+    assert _levels(["--log-level", "DEBUG"]) == "debug"  # the flag wins
+    assert capsys.readouterr().err == ""
+    assert _levels(["--loglevel", "warning"]) == "warning"  # the old spelling
+    assert _levels(["--loglevel", "warning", "--log-level", "debug"]) == "debug"  # the new spelling wins
     monkeypatch.setenv("KVPIPE_LOG_LEVEL", "loud")
     with pytest.raises(SystemExit, match="KVPIPE_LOG_LEVEL"):
-        cliopts.log_level(_levels([]))
-    with pytest.raises(SystemExit):
+        _levels([])
+    with pytest.raises(click.BadParameter, match="loud"):
         _levels(["--log-level", "loud"])
 
 
@@ -325,3 +338,31 @@ def test_node_json_and_its_older_spelling(capsys):
         assert node(["--steps", "3", "--no-publish", flag, "--layers", "1", "--gpu-blocks", "64",
                      "--cpu-chunks", "0"]) == 0
         assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 3
+
+
+# --- deprecated spellings say so ---------------------------------------------------------------------------------
+
+
+def test_the_loglevel_spelling_warns_once_naming_the_replacement(capsys):
+    assert _levels(["--loglevel", "error"]) == "error"
+    err = capsys.readouterr().err
+    assert err == "warning: --loglevel is deprecated; use --log-level\n"
+
+
+def test_the_summary_json_spelling_warns_naming_the_replacement(capsys):
+    from gpu.node.cli import main as node
+
+    argv = ["--steps", "2", "--no-publish", "--layers", "1", "--gpu-blocks", "64", "--cpu-chunks", "0"]
+    assert node([*argv, "--summary-json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out.strip().splitlines()[-1])["steps"] == 2
+    assert err.count("warning: --summary-json is deprecated; use --json") == 1
+    assert node([*argv, "--json"]) == 0
+    assert "deprecated" not in capsys.readouterr().err
+
+
+def test_the_processor_warns_of_loglevel_before_it_starts():
+    # a fresh process, as a start script runs it; refused at the exposure check, before any worker starts
+    r = _kvpipe("processor", "--loglevel", "info", "--web-host", "0.0.0.0")
+    assert r.returncode == 2
+    assert "warning: --loglevel is deprecated; use --log-level" in r.stderr.splitlines()

@@ -29,7 +29,13 @@ def _run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[
 @pytest.mark.parametrize("args", [["--help"], ["up", "--help"], ["down", "--help"], ["status", "--help"]])
 def test_every_subcommand_has_help(tmp_path: Path, args: list[str]) -> None:
     r = _run(tmp_path, *args)
-    assert r.returncode == 0 and "usage: kvpipe infra" in r.stdout
+    assert r.returncode == 0 and "usage: kvpipe infra" in r.stdout.lower()
+
+
+def test_a_usage_error_exits_2_with_the_reason(tmp_path: Path) -> None:
+    r = _run(tmp_path, "up", "--timeout", "soon")
+    assert r.returncode == 2 and "--timeout" in r.stderr and "soon" in r.stderr
+    assert _run(tmp_path).returncode == 2  # no subcommand: the help, as an error
 
 
 def test_status_of_a_broker_that_never_ran_exits_3(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from producer.bridge.engine_load import EngineLoad, LoadScraper, parse_load
-from producer.bridge.cli import build_parser
+from producer.bridge.cli import bridge
+from schemas.cliopts import parse
 
 # The shape of vLLM's /metrics for two data-parallel engines (gauges per engine, plus noise)
 PAGE = """\
@@ -93,7 +94,7 @@ def test_a_scrape_hands_every_rank_its_load_and_a_failure_keeps_the_last(engine)
 
 
 def test_the_bridge_cli_takes_the_metrics_url_and_refuses_a_non_http_one():
-    args = build_parser().parse_args(["--zmq", "tcp://x:1", "--node-id", "n", "--metrics-url", "http://n:8000/metrics"])
-    assert args.metrics_url == "http://n:8000/metrics" and args.metrics_every == 1.0
+    params = parse(bridge, ["--zmq", "tcp://x:1", "--node-id", "n", "--metrics-url", "http://n:8000/metrics"])
+    assert params["metrics_url"] == "http://n:8000/metrics" and params["metrics_every"] == 1.0
     with pytest.raises(ValueError, match="expected http"):
         LoadScraper("file:///etc/passwd", [])

@@ -1,7 +1,6 @@
 """`kvpipe node` flags: group parsing, the summary line, restarts in a dry run, exported prefixes."""
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
@@ -11,6 +10,7 @@ from gpu.node.kv_compute import ModelShape
 from gpu.node.node import CaptureSink, Node, NodeConfig
 from gpu.node.workload import SyntheticConfig, SyntheticWorkload
 from gpu.specs import FullAttention, Mamba, SlidingWindow
+from schemas.groupspec import GroupSpecError
 from schemas.events import BlockStored
 
 
@@ -18,7 +18,7 @@ def test_groups_are_kind_block_size_and_window() -> None:
     assert parse_groups("full:16,sliding_window:16:128,mamba:16") == (
         FullAttention(16), SlidingWindow(16, 128), Mamba(16))
     for bad in ("full", "sliding_window:16", "attn:16", "full:x", ""):
-        with pytest.raises(argparse.ArgumentTypeError):
+        with pytest.raises(GroupSpecError):
             parse_groups(bad)
 
 
