@@ -70,11 +70,11 @@ from processors.router.model import (
     Scoring,
 )
 from processors.router.request import Checked, check_group_lists, check_request
-from processors.router.rows import Pending, Zero, node_row, prepare, score, zero_row, zero_shape
+from processors.router.rows import TIER, Pending, Zero, node_row, prepare, score, zero_rank, zero_row, zero_shape
 from schemas.events import ExternalHash
 
 Lists = dict[int, list[ExternalHash]]
-_TIER = {"live": 0, "partial": 0, "stale": 1, "suspect": 2}
+_TIER = TIER
 _NO_LOAD = Load()
 
 
@@ -121,6 +121,11 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
     rows: list[NodeRoute] = []
     pending: list[Pending] = []
     jobs: list[Job] = []
+    # A node holding nothing can only matter as the chosen one unless every row is shown or the
+    # choice samples the whole tier: then only the best-ranked such node gets a row (its rank is
+    # worked out without building the row), which leaves the finished answer unchanged.
+    every_zero = req.include_zero or scoring.temperature > 0
+    best_zero: tuple | None = None
     for lists, members in cohorts.values():
         held = held_positions(index, lists)
         zero: dict[int, Zero] = {}  # by id(model): models outlive this call, so ids are not reused here
@@ -131,7 +136,13 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
                 z = zero.get(id(model))
                 if z is None:
                     z = zero[id(model)] = zero_shape(node, model, lists, checked.num_tokens, req)
-                rows.append(zero_row(z, node, scoring, loads.get(node.node_id, _NO_LOAD), now, stale_after_s))
+                load = loads.get(node.node_id, _NO_LOAD)
+                if every_zero:
+                    rows.append(zero_row(z, node, scoring, load, now, stale_after_s))
+                    continue
+                rank = zero_rank(z, node, scoring, load, now, stale_after_s)
+                if best_zero is None or rank < best_zero[0]:
+                    best_zero = (rank, z, node, load)
                 continue
             p = prepare(node, model, lists, node_held or {}, checked.num_tokens, req, inflight, now,
                          stale_after_s)
@@ -141,6 +152,9 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
                 if p.any_sets != p.gpu_sets:
                     jobs.append(Job(model, p.groups, p.lens, p.any_sets, p.cap))
             pending.append(p)
+    if best_zero is not None:
+        _, z, node, load = best_zero
+        rows.append(zero_row(z, node, scoring, load, now, stale_after_s))
     hits = (search or _default_search()).search(jobs)  # every node's hits in one call
     for p in pending:
         row = node_row(p, hits, req, scoring, loads.get(p.node.node_id, _NO_LOAD), inflight)

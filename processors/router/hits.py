@@ -44,7 +44,9 @@ class Job(NamedTuple):
 
 class Hit(NamedTuple):
     length: int
-    masks: tuple[list[bool], ...]  # per searched group: True for a real block slot (gpu.hit.HybridHit)
+    # per searched group, its found list as `(start, end)`: `end` slots, real blocks at `start..end`
+    # (`gpu.hit.HybridHit.masks` is always null slots then real ones: `[False] * start + [True] * ...`)
+    spans: tuple[tuple[int, int], ...]
 
 
 def native_available() -> bool:
@@ -96,7 +98,7 @@ class HitSearch:
             assert self._native is not None
             answers = self._native.search([lay.id for _, lay in native], caps, hashed, lens, sets)
             for (i, _), (length, spans) in zip(native, answers):
-                out[i] = Hit(length, tuple([False] * s + [True] * (e - s) for s, e in spans))
+                out[i] = Hit(length, tuple(spans))
         return out  # type: ignore[return-value]
 
     def _layout(self, job: Job) -> _NativeLayout | None:
@@ -152,4 +154,11 @@ def _reference(job: Job) -> Hit | str:
         hh = hybrid_hit(job.model, job.groups, lists, job.sets, job.cap)  # type: ignore[arg-type]
     except ValueError as exc:
         return str(exc)
-    return Hit(hh.length, hh.masks)
+    return Hit(hh.length, tuple(_span(m) for m in hh.masks))
+
+
+def _span(mask: list[bool]) -> tuple[int, int]:
+    start = next((i for i, real in enumerate(mask) if real), len(mask))
+    if not all(mask[start:]):
+        raise AssertionError(f"a found list with a null slot after a real one: {mask}")
+    return start, len(mask)

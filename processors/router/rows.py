@@ -82,6 +82,16 @@ def zero_row(z: Zero, node: NodeState, scoring: Scoring, load: Load, now: float,
                      score=round(score(0, 0, z.num_tokens, load, 0, scoring), 9), speculative=False, load=load)
 
 
+def zero_rank(z: Zero, node: NodeState, scoring: Scoring, load: Load, now: float,
+              stale_after_s: float | None) -> tuple:
+    """`zero_row`'s rank (`decide._rank` of the row) without building the row."""
+    state, _ = _liveness(node, z.state, z.state_reason, now, stale_after_s)
+    return (TIER[state], -round(score(0, 0, z.num_tokens, load, 0, scoring), 9), 0, 0, node.node_id)
+
+
+TIER = {"live": 0, "partial": 0, "stale": 1, "suspect": 2}  # rows rank by state first (`decide._rank`)
+
+
 def _liveness(node: NodeState, state: str, state_reason: str | None, now: float,
               stale_after_s: float | None) -> tuple[str, str | None]:
     """A suspect node, else a silent one, overrides the state ("live" or "partial") and its reason."""
@@ -137,15 +147,15 @@ def node_row(p: Pending, hits: Sequence[Hit | str], req: RouteRequest, scoring: 
     spec, real_any, gpu_sets, any_sets = p.spec, p.real_any, p.gpu_sets, p.any_sets
     exact, reason, state, state_reason, num_tokens = p.exact, p.reason, p.state, p.state_reason, p.num_tokens
     kinds = {gs.group_idx: gs.kind for gs in node.group_specs or ()}
-    masks_gpu: Sequence[list[bool]] = [[] for _ in groups]
-    masks_any: Sequence[list[bool]] = masks_gpu
+    spans_gpu: Sequence[tuple[int, int]] = [(0, 0)] * len(groups)
+    spans_any = spans_gpu
     gpu_tokens = any_tokens = 0
     if p.searched:
         hg, ha = hits[p.jobs[0]], hits[p.jobs[1]]
         if isinstance(hg, str) or isinstance(ha, str):  # a layout vLLM itself rejects
             return f"no hit rule for this node's groups: {hg if isinstance(hg, str) else ha}"
-        gpu_tokens, masks_gpu = hg.length, hg.masks
-        any_tokens, masks_any = ha.length, ha.masks
+        gpu_tokens, spans_gpu = hg.length, hg.spans
+        any_tokens, spans_any = ha.length, ha.spans
 
     group_rows = []
     used_spec = False
@@ -157,7 +167,7 @@ def node_row(p: Pending, hits: Sequence[Hit | str], req: RouteRequest, scoring: 
                       for g, s in zip(groups, specs)]
         specs = []  # the loop below has nothing left to do
     for k, (g, s) in enumerate(zip(groups, specs)):
-        used = [i for i, real in enumerate(masks_any[k]) if real] if any_tokens else []
+        used = range(*spans_any[k]) if any_tokens else range(0)
         media: list[str] = []
         if used:
             # positions are hash units for a group searched at the unit: compare block slots
@@ -185,7 +195,7 @@ def node_row(p: Pending, hits: Sequence[Hit | str], req: RouteRequest, scoring: 
             prefix = {m: _prefix_len(whole_blocks(model, g, p)) for (hg, m), p in sorted(held.items()) if hg == g}
             prefix["any"] = _prefix_len(whole_blocks(model, g, any_sets[k]))
         group_rows.append(GroupHit(group_idx=g, kind=kinds.get(g, s.kind), block_size=s.block_size,
-                                   gpu_blocks=sum(masks_gpu[k]) if gpu_tokens else 0, blocks=len(used),
+                                   gpu_blocks=spans_gpu[k][1] - spans_gpu[k][0] if gpu_tokens else 0, blocks=len(used),
                                    medium="+".join(sorted(media, key=lambda m: (m != GPU, m))) or "none",
                                    speculative_blocks=n_spec, prefix_blocks=prefix))
     in_flight = inflight.running(node.node_id) if inflight is not None else 0

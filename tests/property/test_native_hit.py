@@ -93,4 +93,4 @@ def test_the_engines_differ_only_in_speed_on_a_hybrid_node() -> None:
     native, = HitSearch("native").search([job])
     assert native == HitSearch("python").search([job])[0]
     assert not isinstance(native, str) and native.length == 48
-    assert native.masks[1] == [False, True, True]
+    assert native.spans[1] == (1, 3)  # [False, True, True]
