@@ -40,11 +40,12 @@ This module keeps the rules around them: per-node order, epochs, liveness, loss,
 """
 from __future__ import annotations
 
-from typing import Iterable
+from functools import partial
+from typing import Any, Iterable
 
 from gpu.layout import layout_problem
 from processors.analytics.rows import REASON_CLEARED, REASON_EVICTED, REASON_NODE_EXPIRED, LifetimeRow
-from processors.slots import Slot, StoreKind, make_store
+from processors.slots import Slot, StoreKind, batch_event, make_store
 from schemas.envelope import Envelope, GroupSpec, HashConfig
 from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 
@@ -110,7 +111,7 @@ class Index:
 
     def __init__(self, ttl_s: float | None = None, *, retention_s: float | None = None, max_nodes: int | None = None,
                  max_blocks_per_slot: int | None = None, max_slots_per_node: int | None = None,
-                 store: StoreKind | None = None) -> None:
+                 store: StoreKind | None = None, lifetimes: bool = True) -> None:
         self.ttl_s = ttl_s
         self.retention_s = retention_s
         self.max_nodes = max_nodes
@@ -121,12 +122,17 @@ class Index:
         self._expired_order: dict[str, NodeState] = {}
         self.nodes: dict[str, NodeState] = {}
         self.store = make_store(store)  # the blocks and the inverted view (`processors.slots`)
+        # whether ended entries come back as `LifetimeRow`s (the analytics app's rows); the routing
+        # app only counts them (`ended`), which spares an object per evicted block
+        self.lifetimes = lifetimes
+        self.ended = 0  # entries whose last copy went (evicted, cleared, expired), rows or not
         self.counters: dict[str, int] = dict.fromkeys(INDEX_COUNTERS, 0)
 
     # -- ingest ------------------------------------------------------------------------------------
 
-    def apply(self, env: Envelope, events: list[Event], partition: int = 0, offset: int = -1) -> tuple[str, list[LifetimeRow]]:
-        """Apply one envelope; returns `(APPLIED | DUPLICATE | STALE, closed lifetimes)`."""
+    def apply(self, env: Envelope, events: list[Event] | Any, partition: int = 0, offset: int = -1) -> tuple[str, list[LifetimeRow]]:
+        """Apply one envelope; returns `(APPLIED | DUPLICATE | STALE, closed lifetimes)`. `events`: the
+        decoded events, or the batch the native side read (`slots.parse_batch`; native store only)."""
         closed: list[LifetimeRow] = []
         counters = self.counters
         node = self.nodes.get(env.node_id)
@@ -207,9 +213,17 @@ class Index:
     def _apply_events(self, node: NodeState, events: list[Event], ts: float, partition: int, offset: int,
                       closed: list[LifetimeRow]) -> None:
         stored = removed = unknown = 0
-        # The native store applies runs of stores and removes into existing slots in one call; the
-        # event it stops at (a clear, a new slot, anything unusual) takes the per-event path below.
-        run = self._apply_run if self.store.kind == "native" and events.__class__ is list else None
+        # The native store applies runs of stores and removes into existing slots in one call (from
+        # event objects, or from a batch it read itself: `slots.parse_batch`); the event it stops at
+        # (a clear, a new slot, anything unusual) takes the per-event path below.
+        native = self.store.kind == "native"
+        if events.__class__ is list:
+            run = self._apply_run if native else None
+            at = events.__getitem__
+        else:  # a native batch: only the native store reads it
+            if not native:
+                raise TypeError("a native event batch needs the native store")
+            run, at = self._apply_batch_run, partial(batch_event, events)
         i, n = 0, len(events)
         while i < n:
             if run is not None:
@@ -217,7 +231,7 @@ class Index:
                 stored, removed, unknown = stored + st, removed + rm, unknown + unk
                 if i >= n:
                     break
-            st, rm, unk = self._apply_one(node, events[i], i, ts, partition, offset, closed)
+            st, rm, unk = self._apply_one(node, at(i), i, ts, partition, offset, closed)
             stored, removed, unknown = stored + st, removed + rm, unknown + unk
             i += 1
         c, nc = self.counters, node.counters
@@ -256,22 +270,37 @@ class Index:
                 self._capped(node, slot, refused, self.max_blocks_per_slot)
             return kept, 0, 0
         n, missing, keys, times = self.store.remove(slot, ev.block_hashes)  # BlockRemoved
-        node_id, epoch = node.node_id, node.epoch
-        closed.extend([LifetimeRow(node_id, epoch, group, medium, k, stored_ts, ts, REASON_EVICTED, partition, offset, idx)
-                       for k, stored_ts in zip(keys, times)])
+        self.ended += len(keys)
+        if self.lifetimes:
+            node_id, epoch = node.node_id, node.epoch
+            closed.extend([LifetimeRow(node_id, epoch, group, medium, k, stored_ts, ts, REASON_EVICTED, partition,
+                                       offset, idx) for k, stored_ts in zip(keys, times)])
         return 0, n, missing
 
     def _apply_run(self, node: NodeState, events: list[Event], start: int, ts: float, partition: int, offset: int,
                    closed: list[LifetimeRow]) -> tuple[int, int, int, int]:
         """Events from `start` applied by the native store until one it leaves to `_apply_one`;
         returns (where it stopped, stored, removed, unknown)."""
+        return self._ran(node, self.store.core.apply_events(
+            events, start, node.slots, ts, self.max_blocks_per_slot, BlockStored, BlockRemoved), ts, partition, offset,
+            closed)
+
+    def _apply_batch_run(self, node: NodeState, batch, start: int, ts: float, partition: int, offset: int,
+                         closed: list[LifetimeRow]) -> tuple[int, int, int, int]:
+        """`_apply_run` on a batch the native side read from bytes."""
+        return self._ran(node, self.store.core.apply_batch(batch, start, node.slots, ts, self.max_blocks_per_slot),
+                         ts, partition, offset, closed)
+
+    def _ran(self, node: NodeState, answer: tuple, ts: float, partition: int, offset: int,
+             closed: list[LifetimeRow]) -> tuple[int, int, int, int]:
+        """Counters, cap notes and lifetimes of one native run."""
         store = self.store
-        stop, stored, removed, unknown, refused, keys, times, idxs, sids = store.core.apply_events(
-            events, start, node.slots, ts, self.max_blocks_per_slot, BlockStored, BlockRemoved)
+        stop, stored, removed, unknown, refused, keys, times, idxs, sids = answer
         by_sid = store.slot_by_id
         for sid, n in refused:
             self._capped(node, by_sid(sid), n, self.max_blocks_per_slot)
-        if keys:
+        self.ended += len(keys)
+        if keys and self.lifetimes:
             node_id, epoch = node.node_id, node.epoch
             last, slot = -1, None
             for k, stored_ts, idx, sid in zip(keys, times, idxs, sids):
@@ -331,9 +360,11 @@ class Index:
         """Drop every entry of these slots (all copies), one lifetime per key."""
         for slot in list(slots):
             keys, times = self.store.close(slot)
-            node_id, epoch, group, medium, partition = node.node_id, node.epoch, slot.group, slot.medium, node.partition
-            closed.extend([LifetimeRow(node_id, epoch, group, medium, k, stored_ts, ts, reason, partition, offset, idx)
-                           for k, stored_ts in zip(keys, times)])
+            self.ended += len(keys)
+            if self.lifetimes:
+                node_id, epoch, group, medium, partition = node.node_id, node.epoch, slot.group, slot.medium, node.partition
+                closed.extend([LifetimeRow(node_id, epoch, group, medium, k, stored_ts, ts, reason, partition, offset,
+                                           idx) for k, stored_ts in zip(keys, times)])
             del node.slots[(slot.group, slot.medium)]
 
     def _expire_node(self, node: NodeState, closed: list[LifetimeRow]) -> None:

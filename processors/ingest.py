@@ -26,10 +26,11 @@ from typing import Iterable, Mapping
 
 import msgspec
 
+from processors import slots
 from processors.analytics.rows import LifetimeRow
 from processors.index import APPLIED, Index
 from processors.router.inflight import InFlight
-from schemas.codec import INVALID, DecodeError, check_headers, decode_envelope, envelope_events
+from schemas.codec import INVALID, LAYOUT_MAP, DecodeError, check_headers, decode_envelope, envelope_events
 from schemas.envelope import Envelope
 from schemas.events import BlockRemoved, BlockStored, Event
 
@@ -68,8 +69,14 @@ def _header_pairs(headers: Mapping[str, bytes] | Iterable[tuple[str, bytes]] | N
 class Ingest:
     """The index plus the counters and offsets of the messages that fed it."""
 
-    def __init__(self, index: Index, max_bytes: int, max_skew_s: float = 10.0, inflight: InFlight | None = None) -> None:
+    def __init__(self, index: Index, max_bytes: int, max_skew_s: float = 10.0, inflight: InFlight | None = None,
+                 native_batches: bool = False) -> None:
         self.index = index
+        # vLLM batches read by the native side straight into the index (`slots.parse_batch`), for a
+        # caller that needs no event objects (the routing app; the analytics app derives rows from
+        # them); messages the native reader leaves, and nodes with in-flight guesses, take the
+        # reference decoder
+        self.native_batches = native_batches and index.store.kind == "native" and slots.batch_reader_available()
         # the router's speculative entries for blocks in flight: a real event replaces its guess
         self.inflight = inflight
         self.max_bytes = max_bytes
@@ -99,8 +106,10 @@ class Ingest:
         try:
             check_headers(_header_pairs(headers))
             env = decode_envelope(value if value is not None else b"", self.max_bytes)
-            events = envelope_events(env, self.max_bytes)
-            _check_events(env, events)
+            events = self._native_batch(env) if self.native_batches else None
+            if events is None:
+                events = envelope_events(env, self.max_bytes)
+                _check_events(env, events)
         except DecodeError as exc:
             self.counters["dlq"] += 1
             self.dlq_by_reason[exc.kind] = self.dlq_by_reason.get(exc.kind, 0) + 1
@@ -109,6 +118,7 @@ class Ingest:
         skew = self._clamp(env, trusted + self.max_skew_s) - trusted
         before = self.index.nodes.get(env.node_id)
         epoch_before = before.epoch if before is not None else None
+        ended = self.index.ended
         outcome, lifetimes = self.index.apply(env, events, partition, offset)
         if skew > self.max_skew_s:
             self.counters["clock_clamped"] += 1
@@ -122,11 +132,19 @@ class Ingest:
             if seen > self.stream_ts.get(partition, 0.0):
                 self.stream_ts[partition] = seen
             self.ingest_ts[partition] = now
-            self.counters["lifetimes"] += len(lifetimes)
+            self.counters["lifetimes"] += self.index.ended - ended
             if self.inflight is not None:
                 self.inflight.on_events(env.node_id, events,
                                         new_epoch=epoch_before is not None and env.epoch > epoch_before)
         return Result(outcome, env, events, lifetimes)
+
+    def _native_batch(self, env: Envelope):
+        """The envelope's events read natively, or None for the reference decoder."""
+        if env.is_heartbeat or env.layout != LAYOUT_MAP or len(env.batch) > self.max_bytes:
+            return None
+        if self.inflight is not None and self.inflight.tracks(env.node_id):
+            return None  # its guesses are confirmed event by event (`InFlight.on_events`)
+        return slots.parse_batch(bytes(env.batch))
 
     @staticmethod
     def _clamp(env: Envelope, limit: float) -> float:

@@ -47,6 +47,33 @@ def native_available() -> bool:
     return kvpipe_native is not None and hasattr(kvpipe_native, "IndexStore")
 
 
+def batch_reader_available() -> bool:
+    return kvpipe_native is not None and hasattr(kvpipe_native, "parse_batch")
+
+
+def parse_batch(payload: bytes) -> Any:
+    """vLLM's event batch read natively (`kvpipe_native.Batch`: no Python object per event), or
+    None when the reference decoder must read it (`schemas.codec.decode_vllm_batch`: the native
+    reader accepts a strict subset, native/src/batch.rs) or the reader is not built."""
+    if kvpipe_native is None or not hasattr(kvpipe_native, "parse_batch"):
+        return None
+    return kvpipe_native.parse_batch(payload)
+
+
+def batch_event(batch: Any, i: int) -> Any:
+    """Event `i` of a native batch as the reference's event object (the fields the index reads;
+    for the per-event path: clears and first events of a new slot)."""
+    from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+
+    kind, keys, group, medium = batch.event(i)
+    if kind == 2:
+        return AllBlocksCleared()
+    if kind == 1:
+        return BlockRemoved(block_hashes=keys, medium=medium, group_idx=group)
+    return BlockStored(block_hashes=keys, parent_block_hash=None, token_ids=[], block_size=0, lora_id=None,
+                       medium=medium, lora_name=None, group_idx=group)
+
+
 def default_store() -> StoreKind:
     return "native" if native_available() else "python"
 

@@ -25,11 +25,13 @@ class Runtime:
         self.index = Index(ttl_s=settings.node_ttl_s, retention_s=settings.node_retention_s,
                            max_nodes=settings.max_nodes, max_blocks_per_slot=settings.max_blocks_per_slot,
                            max_slots_per_node=settings.max_slots_per_node,
-                           store=settings.index_store if slots.native_available() else "python")
+                           store=settings.index_store if slots.native_available() else "python",
+                           lifetimes=False)  # lifetimes are the analytics app's (it runs its own index)
         # one in-flight accounting per worker: it speculates only on nodes this worker's index holds
         self.inflight = InFlight(settings.route_inflight_ttl_s, settings.route_inflight_max_requests,
                                  settings.route_inflight_max_entries)
-        self.ingest = Ingest(self.index, settings.max_message_bytes, settings.max_clock_skew_s, self.inflight)
+        self.ingest = Ingest(self.index, settings.max_message_bytes, settings.max_clock_skew_s, self.inflight,
+                             native_batches=True)
         self.durability = Durability(self.ingest, settings.bootstrap(), settings.events_topic,
                                      settings.snapshot_topic, settings.processor_id, settings.snapshot_timeout_s)
         self.started = time.time()

@@ -3,6 +3,7 @@
 //! (`gpu/layout.py`, `gpu/hit.split_spec_groups`); this module keeps each node's spec model by
 //! layout id and runs `hit::find_hit` on held-position sets.
 
+pub mod batch;
 pub mod hit;
 pub mod store;
 
@@ -374,22 +375,51 @@ impl IndexStore {
             for h in list.iter() {
                 keys.push(key_of(&h)?);
             }
-            if storing {
-                let (kept, refused) = self.inner.store(sid, &keys, ts, cap).map_err(err)?;
-                out.1 += kept;
-                if refused > 0 {
-                    out.4.push((sid, refused));
-                }
-            } else {
-                let r = self.inner.remove(sid, &keys).map_err(err)?;
-                out.2 += r.removed;
-                out.3 += r.unknown;
-                let m = r.keys.len();
-                out.5.extend(r.keys);
-                out.6.extend(r.ts);
-                out.7.extend(std::iter::repeat(i).take(m));
-                out.8.extend(std::iter::repeat(sid).take(m));
+            self.apply_keys(sid, storing, &keys, i, ts, cap, &mut out)?;
+            i += 1;
+        }
+        out.0 = i;
+        Ok(out)
+    }
+
+    /// `apply_events` for a batch read by `parse_batch`: the same stops (a clear, a (group,
+    /// medium) with no slot yet: `batch_event(i)` gives that event to the per-event path).
+    #[pyo3(signature = (batch, start, slots, ts, cap))]
+    fn apply_batch(
+        &mut self,
+        batch: &Batch,
+        start: usize,
+        slots: &Bound<'_, PyDict>,
+        ts: f64,
+        cap: Option<usize>,
+    ) -> PyResult<Applied> {
+        let py = slots.py();
+        let a_sid = pyo3::intern!(py, "sid");
+        let parsed = &batch.parsed;
+        let mut out = Applied::default();
+        // (group, medium) → slot id, resolved once per call
+        let mut known: Vec<(Option<u64>, u16, u32)> = Vec::new();
+        let mut i = start;
+        while i < parsed.events.len() {
+            let ev = &parsed.events[i];
+            if ev.kind == batch::CLEARED {
+                break;
             }
+            let sid = match known.iter().find(|(g, m, _)| *g == ev.group && *m == ev.medium) {
+                Some(&(_, _, sid)) => sid,
+                None => {
+                    let medium = parsed.medium(ev).unwrap_or("GPU");
+                    let key = (ev.group.unwrap_or(0), medium).into_pyobject(py)?;
+                    let Some(slot) = slots.get_item(key)? else {
+                        break;
+                    };
+                    let sid: u32 = slot.getattr(a_sid)?.extract()?;
+                    known.push((ev.group, ev.medium, sid));
+                    sid
+                }
+            };
+            let keys = &parsed.keys[ev.start..ev.end];
+            self.apply_keys(sid, ev.kind == batch::STORED, keys, i, ts, cap, &mut out)?;
             i += 1;
         }
         out.0 = i;
@@ -411,9 +441,79 @@ impl IndexStore {
     }
 }
 
+impl IndexStore {
+    #[allow(clippy::too_many_arguments)]
+    fn apply_keys(
+        &mut self,
+        sid: u32,
+        storing: bool,
+        keys: &[u64],
+        idx: usize,
+        ts: f64,
+        cap: Option<usize>,
+        out: &mut Applied,
+    ) -> PyResult<()> {
+        if storing {
+            let (kept, refused) = self.inner.store(sid, keys, ts, cap).map_err(err)?;
+            out.1 += kept;
+            if refused > 0 {
+                out.4.push((sid, refused));
+            }
+        } else {
+            let r = self.inner.remove(sid, keys).map_err(err)?;
+            out.2 += r.removed;
+            out.3 += r.unknown;
+            let m = r.keys.len();
+            out.5.extend(r.keys);
+            out.6.extend(r.ts);
+            out.7.extend(std::iter::repeat(idx).take(m));
+            out.8.extend(std::iter::repeat(sid).take(m));
+        }
+        Ok(())
+    }
+}
+
+/// A vLLM event batch read by `parse_batch` (`batch::parse`), kept native.
+#[pyclass(module = "kvpipe_native", frozen)]
+struct Batch {
+    parsed: batch::Parsed,
+}
+
+#[pymethods]
+impl Batch {
+    fn __len__(&self) -> usize {
+        self.parsed.events.len()
+    }
+
+    /// Event `i` as (kind 0 stored / 1 removed / 2 cleared, keys, group or None, medium or None).
+    fn event(&self, i: usize) -> PyResult<(u8, Vec<u64>, Option<u64>, Option<String>)> {
+        let ev = self
+            .parsed
+            .events
+            .get(i)
+            .ok_or_else(|| pyo3::exceptions::PyIndexError::new_err(format!("no event {i}")))?;
+        let medium = self.parsed.medium(ev).map(str::to_owned);
+        Ok((ev.kind, self.parsed.keys[ev.start..ev.end].to_vec(), ev.group, medium))
+    }
+
+    /// Block keys over all events (stores and removes).
+    fn blocks(&self) -> usize {
+        self.parsed.keys.len()
+    }
+}
+
+/// The batch read from bytes, or None when the reference decoder must read it (anything outside
+/// the strict subset `batch::parse` accepts).
+#[pyfunction]
+fn parse_batch(data: &[u8]) -> Option<Batch> {
+    batch::parse(data).map(|parsed| Batch { parsed })
+}
+
 #[pymodule]
 fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HitEngine>()?;
     m.add_class::<IndexStore>()?;
+    m.add_class::<Batch>()?;
+    m.add_function(wrap_pyfunction!(parse_batch, m)?)?;
     Ok(())
 }
