@@ -126,6 +126,10 @@ class Index:
         # app only counts them (`ended`), which spares an object per evicted block
         self.lifetimes = lifetimes
         self.ended = 0  # entries whose last copy went (evicted, cleared, expired), rows or not
+        # bumped whenever a node comes, goes, expires, returns, or changes epoch, specs, hash
+        # configuration or model: what the router's per-index plan depends on (`router.plan`).
+        # Code that edits `nodes` directly (a snapshot restore) bumps it too.
+        self.generation = 0
         self.counters: dict[str, int] = dict.fromkeys(INDEX_COUNTERS, 0)
 
     # -- ingest ------------------------------------------------------------------------------------
@@ -142,6 +146,7 @@ class Index:
                 counters["refused_envelopes"] += 1
                 return REFUSED, closed
             node = self.nodes[env.node_id] = NodeState(env.node_id, env.epoch, partition)
+            self.generation += 1
             if env.seq != 0:
                 node.mark_suspect(f"first envelope seen is epoch {env.epoch} seq {env.seq}: seqs 0..{env.seq - 1} were never seen")
         else:
@@ -159,6 +164,7 @@ class Index:
                 self._close_slots(node, node.slots.values(), REASON_CLEARED, env.ts, offset, -1, closed)
                 node.epoch, node.seq = env.epoch, -1
                 node.suspect, node.reason, node.expired = False, "", False
+                self.generation += 1
                 node.partial_since = None
                 counters["new_epochs"] += 1
             elif node.expired:
@@ -168,7 +174,9 @@ class Index:
                 counters["gaps"] += 1
                 node.mark_suspect(f"gap in epoch {env.epoch}: expected seq {node.seq + 1}, got {env.seq} "
                                   f"({env.seq - node.seq - 1} envelopes missing)")
-        node.expired = False
+        if node.expired:
+            node.expired = False
+            self.generation += 1
         node.seq = env.seq
         node.partition = partition
         node.last_offset = offset
@@ -176,14 +184,20 @@ class Index:
             node.last_seen = seen
         if env.group_specs is not None or env.hash_config is not None:
             if env.group_specs is not None:
+                if env.group_specs != node.group_specs:
+                    self.generation += 1
                 node.group_specs = env.group_specs
             if env.hash_config is not None:
+                if env.hash_config != node.hash_config:
+                    self.generation += 1
                 node.hash_config = env.hash_config
             # a layout vLLM itself refuses: its hits cannot be computed, say why on the node
             problem = layout_problem(node.group_specs, node.hash_config) if node.group_specs else None
             if problem is not None:
                 node.mark_suspect(f"layout vLLM refuses: {problem}")
         if env.model is not None:
+            if env.model != node.model:
+                self.generation += 1
             node.model = env.model
         if env.dp_rank is not None:
             node.dp_rank = env.dp_rank
@@ -352,6 +366,7 @@ class Index:
         for slot in node.slots.values():  # none after expiry; kept for safety
             self.store.close(slot)
         del self.nodes[node.node_id]
+        self.generation += 1
         self._expired_order.pop(node.node_id, None)
         self.counters["forgotten_nodes"] += 1
 
@@ -372,6 +387,7 @@ class Index:
         expired_at = node.last_seen + (self.ttl_s or 0.0)
         self._close_slots(node, node.slots.values(), REASON_NODE_EXPIRED, expired_at, node.last_offset, -1, closed)
         node.expired = True
+        self.generation += 1
         node.expired_at = expired_at
         self.note_expired(node)
         self.counters["expired_nodes"] += 1
@@ -403,6 +419,7 @@ class Index:
             for slot in node.slots.values():
                 self.store.close(slot)
             del self.nodes[node.node_id]
+        self.generation += 1
         return len(gone)
 
     def slot(self, node: NodeState, group: int, medium: str) -> Slot:

@@ -185,6 +185,7 @@ def import_chunks(index: Index, partition: int, chunks: list[Chunk], max_ts: flo
             node = index.nodes.get(snap.node_id)
             if node is None or node.partition != partition:
                 node = index.nodes[snap.node_id] = NodeState(snap.node_id, snap.epoch, partition)
+                index.generation += 1
                 node.seq, node.last_seen, node.suspect, node.reason = snap.seq, min(snap.last_seen, max_ts), snap.suspect, snap.reason
                 node.expired, node.group_specs, node.hash_config = snap.expired, snap.group_specs, snap.hash_config
                 node.model, node.dp_rank, node.last_offset = snap.model, snap.dp_rank, snap.last_offset

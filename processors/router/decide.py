@@ -55,10 +55,11 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from processors.index import Index, NodeState
-from processors.route_hma import NodeModel, at_units, held_positions, node_model
-from processors.router.hashing import PromptHasher, config_key, layout_mismatch
+from processors.route_hma import NodeModel, at_units, held_positions
+from processors.router.hashing import PromptHasher, layout_mismatch
 from processors.router.hits import Engine, HitSearch, Job
 from processors.router.inflight import InFlight
+from processors.router.plan import Plan, label, plan
 from processors.router.model import (
     HashConfigUsed,
     Load,
@@ -102,20 +103,15 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
     now = time.time() if now is None else now
     if inflight is not None:
         inflight.sweep(now)
-    no_signal: list[NoSignal] = []
-    eligible: list[tuple[NodeState, NodeModel]] = []
-    for node in sorted(index.nodes.values(), key=lambda n: n.node_id):
-        why = _model_mismatch(node, req.model)
-        model = node_model(node) if why is None else why
-        if isinstance(model, str):
-            no_signal.append(NoSignal(node.node_id, model.removesuffix(": per-group prefix semantics"),
-                                      "expired" if node.expired else "model" if why else "specs"))
-        else:
-            eligible.append((node, model))
-
+    planned = plan(index, req.model)  # eligibility and cohorts, kept while the index's nodes hold still
+    no_signal: list[NoSignal] = list(planned.no_signal)
+    eligible = planned.eligible
     hasher = PromptHasher(checked.token_ids, checked.keys) if checked.token_ids is not None else None
-    cohorts = (_token_cohorts(eligible, hasher, no_signal) if hasher is not None
-               else _hash_cohorts(eligible, checked, no_signal))
+    if hasher is not None:
+        no_signal.extend(planned.config_problems)
+        cohorts = _token_cohorts(planned, hasher, no_signal)
+    else:
+        cohorts = _hash_cohorts(eligible, checked, no_signal)
     t_search = time.perf_counter()
     loads = loads or {}
     rows: list[NodeRoute] = []
@@ -260,66 +256,27 @@ def _default_search() -> HitSearch:
 # -- who is eligible, with which hash lists ---------------------------------------------------------
 
 
-def _model_mismatch(node: NodeState, model: str | None) -> str | None:
-    if node.expired:
-        return "expired: silent past the index TTL, its entries were dropped"
-    if model is not None and node.model is not None and node.model != model:
-        return f"serves model {node.model!r}, the request is for {model!r}"
-    return None
-
-
 Cohorts = dict[tuple, tuple[Lists, list[tuple[NodeState, NodeModel]]]]
 
 
-def _token_cohorts(eligible: list[tuple[NodeState, NodeModel]], hasher: PromptHasher,
-                   no_signal: list[NoSignal]) -> Cohorts:
-    """Nodes grouped by (hash configuration, group layout): one set of lists, one index pass each."""
+def _token_cohorts(planned: Plan, hasher: PromptHasher, no_signal: list[NoSignal]) -> Cohorts:
+    """The plan's cohorts with this prompt's hash lists: hashed once per configuration."""
     cohorts: Cohorts = {}
-    for node, model in eligible:
-        cfg = node.hash_config
-        if cfg is None:
-            no_signal.append(NoSignal(node.node_id, "no hash configuration published: its hashes cannot be "
-                                                    "computed from token ids (send block_hashes)", "config"))
-            continue
-        specs = sorted(node.group_specs or (), key=lambda gs: gs.group_idx)
-        bad = layout_mismatch(cfg, specs)
-        hashes = hasher.for_config(cfg) if bad is None else bad
+    for per in planned.by_config.values():
+        cfg = per.config
+        hashes = hasher.for_config(cfg)
         if isinstance(hashes, str):
-            label = f"{cfg.algorithm}/{cfg.hash_block_size}/{cfg.none_hash_seed_rule}"
-            no_signal.append(NoSignal(node.node_id, f"hash configuration {label}: {hashes}", "config"))
+            for cohort in per.cohorts.values():
+                no_signal.extend(NoSignal(node.node_id, f"hash configuration {label(cfg)}: {hashes}", "config")
+                                 for node, _ in cohort.members)
             continue
-        hashes.nodes += 1
-        key, fine = _cohort_key(node, model, specs)
-        cohort = cohorts.get(key)
-        if cohort is None:
-            lists = hashes.lists(specs)
-            for g in fine:
+        for key, cohort in per.cohorts.items():
+            hashes.nodes += len(cohort.members)
+            lists = hashes.lists(cohort.specs)
+            for g in cohort.fine:
                 lists[g] = hashes.views.at(cfg.hash_block_size)  # type: ignore[assignment]
-            cohort = cohorts[key] = (lists, [])
-        cohort[1].append((node, model))
+            cohorts[key] = (lists, cohort.members)
     return cohorts
-
-
-_cohort_keys: dict[tuple[int, int], tuple[object, object, tuple, tuple[int, ...]]] = {}
-
-
-def _cohort_key(node: NodeState, model: NodeModel, specs: list) -> tuple[tuple, tuple[int, ...]]:
-    """(hash configuration, group layout, groups searched at the hash unit): nodes that agree share
-    one set of lists. Kept by the identity of the node's published specs and configuration, which
-    the index replaces rather than edits (as `route_hma.node_model`)."""
-    cfg = node.hash_config
-    assert cfg is not None
-    ident = (id(node.group_specs), id(cfg))
-    got = _cohort_keys.get(ident)
-    if got is not None and got[0] is node.group_specs and got[1] is cfg:
-        return got[2], got[3]
-    # groups searched at the hash unit (partial hits on) take the unit list, not the block view
-    fine = tuple(gs.group_idx for gs in specs if model.searched_at_unit(gs.group_idx))
-    key = (config_key(cfg), tuple((gs.group_idx, gs.block_size) for gs in specs), fine)
-    if len(_cohort_keys) >= 65_536:
-        _cohort_keys.clear()
-    _cohort_keys[ident] = (node.group_specs, cfg, key, fine)
-    return key, fine
 
 
 def _hash_cohorts(eligible: list[tuple[NodeState, NodeModel]], checked: Checked,
