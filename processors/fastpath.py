@@ -135,13 +135,19 @@ class FastDrainTransport(faust_aiokafka.Transport):
     Consumer = FastDrainConsumer
 
 
-def install(app: faust.App) -> bool:
-    """Give `app` the fast-drain transport (before anything creates its consumer). Returns False
-    and leaves Faust's transport in place on a Faust version this was not checked against."""
+def supported(app: faust.App) -> bool:
+    """Whether the drain loops here (and processors.batchdelivery's) fit `app`: the Faust version
+    they were checked against, and a Kafka broker URL."""
     if faust.__version__ not in SUPPORTED_FAUST:
         log.warning("faust %s: fast drain not checked for this version; using Faust's own consumer", faust.__version__)
         return False
-    if not app.conf.broker_consumer[0].scheme.startswith("kafka"):
+    return app.conf.broker_consumer[0].scheme.startswith("kafka")
+
+
+def install(app: faust.App) -> bool:
+    """Give `app` the fast-drain transport (before anything creates its consumer). Returns False
+    and leaves Faust's transport in place on a Faust version this was not checked against."""
+    if not supported(app):
         return False
     app.transport = FastDrainTransport(app.conf.broker_consumer, app)
     return True
