@@ -45,7 +45,8 @@ from mode.utils.futures import notify
 
 from processors import fastpath
 
-# (records of one partition in offset order, still_current) → how many were handled from the front
+# (records of one partition in offset order, still_current) → how many were handled from the front:
+# all of them unless still_current() turned False (a rebalance began while it awaited a side effect)
 BatchHandler = Callable[[Sequence[Any], Callable[[], bool]], Awaitable[int]]
 
 
@@ -171,7 +172,12 @@ class BatchDrainConsumer(fastpath.FastDrainConsumer):
         if not current():  # the awaits above let a rebalance begin
             self.batch_stats["dropped_in_rebalance"] += len(recs)
             return
-        handled = await handler(recs, current)
+        handled = 0
+        while handled < len(recs) and current():
+            n = await handler(recs[handled:] if handled else recs, current)
+            if n <= 0:
+                raise RuntimeError(f"the batch handler of {tp.topic!r} handled none of {len(recs) - handled} records")
+            handled += n
         if handled < len(recs):
             self.batch_stats["dropped_in_rebalance"] += len(recs) - handled
         if handled <= 0 or not current():

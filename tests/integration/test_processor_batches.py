@@ -10,6 +10,7 @@ node suspect, a DLQ copy with the source offset.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -149,6 +150,25 @@ def nodes_of(chunks: list) -> dict:
     return out
 
 
+def check_every_snapshot(bootstrap: str, topics: ProcessorTopics, events: dict[int, list], ends: dict[int, int]) -> int:
+    """Every generation in the snapshot topic equals the reference after exactly the records up to the
+    offset its manifest claims; the last covers the end. Returns how many were taken mid-stream."""
+    settings = load_settings()
+    snap_records = read_all(bootstrap, topics.snapshots, end_offsets(bootstrap, topics.snapshots, len(ends)))
+    mid_stream = 0
+    for p in ends:
+        generations = snapshots(snap_records[p])
+        assert generations and generations[-1][0].offset == ends[p] - 1, "the last snapshot covers the end"
+        for manifest, chunks in generations:
+            assert (manifest.partition, manifest.source_topic) == (p, topics.events)
+            ingest = reference(events[p], manifest.offset, settings)
+            expected = [decode_chunk(c) for c in export_partition(ingest.index, p, manifest.gen)[0]]
+            assert nodes_of(chunks) == nodes_of(expected), f"partition {p} snapshot at offset {manifest.offset}"
+            assert manifest.stream_ts == ingest.stream_ts.get(p, 0.0)
+            mid_stream += manifest.offset < ends[p] - 1
+    return mid_stream
+
+
 def test_batches_apply_each_message_once_in_order_and_every_snapshot_covers_exactly_its_offset(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     topics = ProcessorTopics(kafka_bootstrap, "batch", PARTITIONS)
@@ -193,22 +213,9 @@ def test_batches_apply_each_message_once_in_order_and_every_snapshot_covers_exac
         proc.kill()
 
     try:
-        settings = load_settings()
         events = read_all(kafka_bootstrap, topics.events, ends)
         assert all([m.offset() for m in events[p]] == list(range(ends[p])) for p in ends)
-        snap_ends = end_offsets(kafka_bootstrap, topics.snapshots, PARTITIONS)
-        snap_records = read_all(kafka_bootstrap, topics.snapshots, snap_ends)
-        mid_stream = 0
-        for p in range(PARTITIONS):
-            generations = snapshots(snap_records[p])
-            assert generations and generations[-1][0].offset == ends[p] - 1, "the shutdown snapshot covers the end"
-            for manifest, chunks in generations:
-                assert (manifest.partition, manifest.source_topic) == (p, topics.events)
-                ingest = reference(events[p], manifest.offset, settings)
-                expected = [decode_chunk(c) for c in export_partition(ingest.index, p, manifest.gen)[0]]
-                assert nodes_of(chunks) == nodes_of(expected), f"partition {p} snapshot at offset {manifest.offset}"
-                assert manifest.stream_ts == ingest.stream_ts.get(p, 0.0)
-                mid_stream += manifest.offset < ends[p] - 1
+        mid_stream = check_every_snapshot(kafka_bootstrap, topics, events, ends)
         assert mid_stream > 0, "some snapshot was taken while records were still arriving"
 
         consumer = Consumer(client_config(kafka_bootstrap, **{"group.id": f"dlq-{topics.tag}"}))
@@ -224,5 +231,71 @@ def test_batches_apply_each_message_once_in_order_and_every_snapshot_covers_exac
         headers = dict(dlq.headers())
         source = (int(headers[HEADER_SOURCE_PARTITION]), int(headers[HEADER_SOURCE_OFFSET]))
         assert events[source[0]][source[1]].value() == b"\xc1not an envelope"
+    finally:
+        topics.delete()
+
+
+def test_a_rebalance_while_records_flow_loses_and_repeats_nothing(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Worker B joins while worker A delivers a backlog and then a stream in runs: A drops what it
+    fetched for the partitions it hands over and snapshots them at revocation; B restores and goes
+    on from there. Every snapshot (A's at revocation, each one's at its stop) equals the reference
+    at its offset, and neither worker saw a duplicate, a gap or an offset hole."""
+    topics = ProcessorTopics(kafka_bootstrap, "batchreb", 4)
+    producer = Producer(client_config(kafka_bootstrap, **{"enable.idempotence": True, "linger.ms": 5}))
+    fleet = Fleet(producer, topics.events)
+    workers: list[ProcessorProcess] = []
+    stop = threading.Event()
+
+    def worker(name: str) -> ProcessorProcess:
+        env = topics.env(f"kvpipe-batchreb-{topics.tag}", free_port(), str(tmp_path / name),
+                         KVPIPE_PROCESSOR_DELIVERY="batch", KVPIPE_SNAPSHOT_EVERY_S="3600", KVPIPE_NODE_TTL_S="3600")
+        workers.append(ProcessorProcess(env, tmp_path / f"{name}.log"))
+        return workers[-1]
+
+    def stream() -> None:
+        while not stop.is_set():
+            fleet.round()
+            time.sleep(0.004)
+
+    publisher = threading.Thread(target=stream, daemon=True)
+    try:
+        for _ in range(300):
+            fleet.round()
+        producer.flush(60)
+        a = worker("a").start()
+        publisher.start()
+        b = worker("b").start(timeout=120)  # the group rebalances while A works
+        deadline = time.monotonic() + 60
+        while not b.get("/stats")["cluster"]["owned_partitions"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        stop.set()
+        publisher.join(30)
+        producer.flush(60)
+        ends = topics.end_offsets()
+        counters = {}
+        for w in (a, b):
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                stats = w.get("/stats")
+                owned = stats["cluster"]["owned_partitions"]
+                if owned and all(stats["freshness"].get(str(p), {}).get("offset", -1) >= ends[p] - 1 for p in owned):
+                    break
+                time.sleep(0.1)
+            counters[w.url] = stats["counters"]
+            print(w.url, owned, stats["cluster"]["deliveries"])
+        assert sorted(p for w in (a, b) for p in w.get("/stats")["cluster"]["owned_partitions"]) == [0, 1, 2, 3]
+        for c in counters.values():
+            assert (c["duplicates"], c["gaps"], c["offset_holes"], c["dlq"]) == (0, 0, 0, 0), c
+        b.stop()  # its last snapshot; A takes every partition back, restores, snapshots at its stop
+        a.wait_offsets(ends, timeout=120)
+        a.stop()
+    finally:
+        stop.set()
+        for w in workers:
+            w.kill()
+    try:
+        events = read_all(kafka_bootstrap, topics.events, ends)
+        check_every_snapshot(kafka_bootstrap, topics, events, ends)
     finally:
         topics.delete()

@@ -2,13 +2,17 @@
 consumer's bookkeeping for a run (acks, gaps) is what Faust does for the same messages one by one."""
 from __future__ import annotations
 
+import asyncio
 import random
 import zlib
 from collections import defaultdict
+from types import SimpleNamespace
 
 import msgspec
 
-from processors.batchdelivery import ack_offsets, holes
+from faust.types import TP
+
+from processors.batchdelivery import BatchDrainConsumer, ack_offsets, holes
 from processors.index import Index
 from processors.ingest import DLQ, Ingest
 from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
@@ -168,3 +172,90 @@ def test_gaps_are_where_faust_would_record_them_one_message_at_a_time():
     assert holes([5, 6, 7], 4) == []
     assert holes([5, 6, 7], None) == [] and holes([5, 6], 0) == []  # nothing read yet / after a seek to 0
     assert holes([8, 9, 12, 13, 20], 5) == [(6, 8), (10, 12), (14, 20)]
+
+
+class StubConsumer:
+    """The state `BatchDrainConsumer`'s delivery reads and writes, with its delivery methods."""
+
+    _deliver_fetch = BatchDrainConsumer._deliver_fetch
+    _deliver_run = BatchDrainConsumer._deliver_run
+    _still_current = BatchDrainConsumer._still_current
+
+    def __init__(self, handler) -> None:
+        self.batch_handlers = {"kv-events": handler}
+        self.batch_stats = {"batches": 0, "batched": 0, "dropped_in_rebalance": 0}
+        self._read_offset = defaultdict(lambda: None)
+        self._committed_offset = defaultdict(lambda: None)
+        self._acked, self._acked_index = defaultdict(list), defaultdict(set)
+        self._n_acked, self._commit_every, self._waiting_for_ack = 0, None, None
+        self._buffered_partitions: set = set()
+        self.gaps: list = []
+        self.flow_active = True
+        self.suspend_flow = asyncio.Event()
+        self.app = SimpleNamespace(consumer_generation_id=1, flow_control=SimpleNamespace(is_active=lambda: True),
+                                   topics=SimpleNamespace(acks_enabled_for=lambda topic: True),
+                                   monitor=SimpleNamespace(track_tp_end_offset=lambda tp, offset: None))
+
+    def highwater(self, tp) -> int:
+        return 0
+
+    async def _add_gap(self, tp, first: int, last: int) -> None:
+        self.gaps.append((tp, first, last))
+
+
+TP0, TP1 = TP("kv-events", 0), TP("kv-events", 1)
+
+
+def records(partition: int, offsets) -> list[Record]:
+    return [Record(partition, o, b"") for o in offsets]
+
+
+def test_a_fetch_goes_to_the_handler_one_partition_run_at_a_time_and_is_acked_and_read_past():
+    got = []
+
+    async def handler(recs, still_current):
+        got.append([(r.partition, r.offset) for r in recs])
+        return len(recs)
+
+    c = StubConsumer(handler)
+    c._read_offset[TP1] = 7  # after a seek: 7 is next, 5 and 6 were delivered before
+    asyncio.run(c._deliver_fetch({TP0: records(0, [0, 1, 2, 4]), TP1: records(1, [5, 6, 7, 8])}, None))
+    assert got == [[(0, 0), (0, 1), (0, 2), (0, 4)], [(1, 7), (1, 8)]]
+    assert c._acked == {TP0: [0, 1, 2, 4], TP1: [7, 8]} and (c._read_offset[TP0], c._read_offset[TP1]) == (4, 8)
+    assert c.gaps == [(TP0, 3, 4)] and c.batch_stats == {"batches": 2, "batched": 6, "dropped_in_rebalance": 0}
+
+
+def test_a_rebalance_during_a_run_leaves_the_rest_unacked_for_the_refetch():
+    async def handler(recs, still_current):
+        c.app.consumer_generation_id = 2  # a rebalance began while a DLQ copy was sent after record 2
+        assert not still_current()
+        return 2
+
+    c = StubConsumer(handler)
+    asyncio.run(c._deliver_fetch({TP0: records(0, range(5)), TP1: records(1, range(3))}, None))
+    assert c._acked == {} and c._read_offset[TP0] is None and c._n_acked == 0
+    assert c.batch_stats == {"batches": 0, "batched": 0, "dropped_in_rebalance": 3 + 3}
+
+
+def test_records_fetched_before_a_rebalance_began_are_not_delivered():
+    async def handler(recs, still_current):
+        raise AssertionError("delivered during a rebalance")
+
+    for begin in ("suspended", "flow_control", "generation"):
+        c = StubConsumer(handler)
+        if begin == "suspended":
+            c.suspend_flow.set()
+        elif begin == "flow_control":
+            c.app.flow_control = SimpleNamespace(is_active=lambda: False)
+        asyncio.run(deliver_after_rebalance_began(c, begin))
+        assert c.batch_stats["dropped_in_rebalance"] == 4 and c._acked == {}
+
+
+async def deliver_after_rebalance_began(c: StubConsumer, begin: str) -> None:
+    generation = c.app.consumer_generation_id
+    if begin == "generation":  # the records came from the previous generation's fetch
+        c.app.consumer_generation_id = generation + 1
+        await StubConsumer._deliver_run(c, TP0, records(0, range(4)), c.batch_handlers["kv-events"],
+                                        c._still_current(generation))
+    else:
+        await c._deliver_fetch({TP0: records(0, range(4))}, None)
