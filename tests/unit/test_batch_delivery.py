@@ -180,6 +180,7 @@ class StubConsumer:
     _deliver_fetch = BatchDrainConsumer._deliver_fetch
     _deliver_run = BatchDrainConsumer._deliver_run
     _still_current = BatchDrainConsumer._still_current
+    max_run = BatchDrainConsumer.max_run
 
     def __init__(self, handler) -> None:
         self.batch_handlers = {"kv-events": handler}
@@ -223,6 +224,19 @@ def test_a_fetch_goes_to_the_handler_one_partition_run_at_a_time_and_is_acked_an
     assert got == [[(0, 0), (0, 1), (0, 2), (0, 4)], [(1, 7), (1, 8)]]
     assert c._acked == {TP0: [0, 1, 2, 4], TP1: [7, 8]} and (c._read_offset[TP0], c._read_offset[TP1]) == (4, 8)
     assert c.gaps == [(TP0, 3, 4)] and c.batch_stats == {"batches": 2, "batched": 6, "dropped_in_rebalance": 0}
+
+
+def test_a_long_run_goes_in_slices_with_the_loop_yielded_between_them():
+    sizes = []
+
+    async def handler(recs, still_current):
+        sizes.append((len(recs), recs[0].offset))
+        return len(recs)
+
+    c = StubConsumer(handler)
+    asyncio.run(c._deliver_fetch({TP0: records(0, range(600))}, None))
+    assert sizes == [(256, 0), (256, 256), (88, 512)] and c._read_offset[TP0] == 599
+    assert c._acked[TP0] == list(range(600)) and c.batch_stats["batches"] == 1
 
 
 def test_a_rebalance_during_a_run_leaves_the_rest_unacked_for_the_refetch():
