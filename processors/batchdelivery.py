@@ -17,7 +17,8 @@ transport/consumer.py), per run instead of per message:
   processors.durability, but it is the group's lag for every Kafka tool);
 - the read offset moves to the last handled record.
 Faust's per-message sensor hooks are not called for batched records (this app's `QuietMonitor`
-ignores them anyway); the end-offset tracking is kept, once per run.
+ignores them anyway); the end-offset tracking and the stream's last-event time (what Faust's
+livelock check reads) are kept, once per run.
 
 Rebalance: a run is delivered only while no rebalance is in progress (consumer flow active, the
 streams' flow control active, the consumer generation the records were fetched in). Otherwise the
@@ -36,6 +37,7 @@ Topics with no batch handler are delivered one message at a time as `FastDrainCo
 from __future__ import annotations
 
 import asyncio
+from time import monotonic
 from typing import Any, Awaitable, Callable, Sequence, cast
 
 import faust
@@ -196,6 +198,8 @@ class BatchDrainConsumer(fastpath.FastDrainConsumer):
         self._read_offset[tp] = done[-1].offset
         self.batch_stats["batches"] += 1
         self.batch_stats["batched"] += handled
+        # what a stream marks per event; Faust's livelock check reads it (fastpath.QuietMonitor)
+        self.app.monitor.stream_inbound_time[tp] = monotonic()
 
     async def _deliver_each(self, tp: Any, recs: list, current: Callable[[], bool]) -> None:
         """A topic with no batch handler: one message at a time, as `FastDrainConsumer` does."""

@@ -195,7 +195,8 @@ class StubConsumer:
         self.suspend_flow = asyncio.Event()
         self.app = SimpleNamespace(consumer_generation_id=1, flow_control=SimpleNamespace(is_active=lambda: True),
                                    topics=SimpleNamespace(acks_enabled_for=lambda topic: True),
-                                   monitor=SimpleNamespace(track_tp_end_offset=lambda tp, offset: None))
+                                   monitor=SimpleNamespace(track_tp_end_offset=lambda tp, offset: None,
+                                                           stream_inbound_time={}))
 
     def highwater(self, tp) -> int:
         return 0
@@ -224,6 +225,7 @@ def test_a_fetch_goes_to_the_handler_one_partition_run_at_a_time_and_is_acked_an
     assert got == [[(0, 0), (0, 1), (0, 2), (0, 4)], [(1, 7), (1, 8)]]
     assert c._acked == {TP0: [0, 1, 2, 4], TP1: [7, 8]} and (c._read_offset[TP0], c._read_offset[TP1]) == (4, 8)
     assert c.gaps == [(TP0, 3, 4)] and c.batch_stats == {"batches": 2, "batched": 6, "dropped_in_rebalance": 0}
+    assert set(c.app.monitor.stream_inbound_time) == {TP0, TP1}  # Faust's livelock check sees the streams move
 
 
 def test_a_long_run_goes_in_slices_with_the_loop_yielded_between_them():
