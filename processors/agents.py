@@ -6,7 +6,7 @@ import logging
 import time
 
 from processors import rebalance
-from processors.app import app, settings
+from processors.app import app, batch_handlers, settings
 from processors.index import APPLIED, REFUSED
 from processors.ingest import DLQ, dlq_record
 from processors.lograte import RateLimitedLog
@@ -19,6 +19,9 @@ log = logging.getLogger(__name__)
 
 @app.agent(events_topic, name="kvpipe-ingest")
 async def ingest(stream) -> None:
+    # With batched delivery (the default) the consumer hands the events to `ingest_batch` below and
+    # this stream gets none; it is the path of `processor_delivery = "message"`. Either way every
+    # message goes through `Ingest.handle` once, in offset order, with the same side effects.
     # Iterating the stream itself, not `stream.events()`: that wrapper is one more async
     # generator hop per message (~6% of the worker); the event is `stream.current_event`.
     async for _ in stream:
@@ -41,6 +44,38 @@ async def ingest(stream) -> None:
         elif result.outcome == REFUSED:  # counted in /stats; the log only says it is happening
             _rate_log.emit("node-cap", logging.WARNING, "node %r refused: %s node ids tracked (max_nodes), none expired",
                            result.env.node_id[:128], len(runtime.index.nodes))
+
+
+async def ingest_batch(records, still_current) -> int:
+    """One partition's fetched records in offset order, from the consumer (processors.batchdelivery):
+    what the agent above does per message, per run. Returns how many were handled from the front:
+    all of them, unless a rebalance began while a DLQ copy was being sent (the rest is fetched again)."""
+    done = 0
+    total = len(records)
+    ingest_ = runtime.ingest
+    while done < total:
+        batch = ingest_.handle_batch(records[done:] if done else records)
+        runtime.metrics.observe_published(batch.published, time.time())  # routable from now on
+        for result in batch.refused:  # counted in /stats; the log only says it is happening
+            _rate_log.emit("node-cap", logging.WARNING, "node %r refused: %s node ids tracked (max_nodes), none expired",
+                           result.env.node_id[:128], len(runtime.index.nodes))
+        done += batch.handled
+        msg = records[done - 1]
+        if batch.failed is not None:  # a bug, not bad input: keep the message, keep going
+            _rate_log.emit("ingest-bug", logging.ERROR, "message %s/%s at offset %s broke the ingest path",
+                           msg.topic, msg.partition, msg.offset, exc_info=batch.failed)
+            runtime.agent_errors += 1
+            await send_to_dlq(msg, DecodeError("internal", f"{type(batch.failed).__name__}: {batch.failed}"))
+        elif batch.dlq is not None:
+            await send_to_dlq(msg, batch.dlq.error)
+        else:
+            continue
+        if not still_current():  # a rebalance began while the copy was sent: leave the rest
+            break
+    return done
+
+
+batch_handlers[settings.events_topic] = ingest_batch
 
 
 _rate_log = RateLimitedLog(log)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import faust
 
-from processors import fastpath, webauth
+from processors import batchdelivery, fastpath, webauth
 from processors.kafkaconf import faust_broker_kwargs
 from processors.router.decide import set_default_search
 from schemas.settings import load_settings
@@ -44,5 +44,10 @@ app = faust.App(
 # Before anything builds the web server: the bearer token, and no Faust built-in pages.
 webauth.install(app, settings)
 
-# Before anything builds the consumer: Faust's drain loop costs two tasks per message (see fastpath).
-fastpath.install(app)
+# Before anything builds the consumer: how fetched messages reach the index. "batch": a partition's
+# fetched run per call to the handler agents.py puts in `batch_handlers` (processors.batchdelivery);
+# "message", or a Faust version that was not checked: one at a time through the agent's stream, without
+# Faust's two tasks per message (processors.fastpath).
+batch_handlers: dict[str, batchdelivery.BatchHandler] = {}
+if not (settings.processor_delivery == "batch" and batchdelivery.install(app, batch_handlers)):
+    fastpath.install(app)

@@ -1,66 +1,43 @@
 """`kvpipe bench ingest`: how fast the processor applies events, against raw consumption.
 
-In one run, on a fresh topic pre-filled with N envelopes of E events each:
+In one run, on fresh topics pre-filled with the same N envelopes of E events each (one topic per
+delivery mode, so every mode starts from the same backlog):
 - baseline: raw consumption of the topic (aiokafka, the client Faust runs on; nothing decoded);
 - pure path: `Ingest.handle` (check headers, decode, validate, `Index.apply`) over the same bytes,
   in this process, no Kafka;
-- agent: a real `kvpipe processor` child consuming the topic from offset 0, rate taken from its
-  /stats counters between the first and the last sample that saw progress (startup excluded);
-- freshness: with that processor caught up, publish one envelope with a new block and poll
-  /route until it shows; p50/p99 over the probes.
-value = agent block events/s; ratio = value / baseline.
+- agent, per delivery mode (`--delivery`, default `message,batch`: before and after batched
+  delivery, processors.batchdelivery): a real `kvpipe processor` child consuming its topic from
+  offset 0, rate taken from its /stats counters between the first and the last sample that saw
+  progress (startup excluded); its index must equal the pure path's;
+- freshness, per mode: publish one envelope with a new block and poll /route until it shows, one
+  probe at a time; idle (nothing else published), then paced: while the load is published at
+  `--paced-rate` block events/s for `--paced-s` seconds (the issue's goal: p99 at 100 k/s);
+- for the last mode: restart from the shutdown snapshot vs a full rebuild from offset 0.
+value = the last mode's agent block events/s; ratio = value / baseline.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
-import statistics
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-import msgspec
-
+from processors.benchload import EnvelopeSource, Probes, paced_freshness, summary
 from processors.index import Index
 from processors.ingest import Ingest
 from processors.procrun import ProcessorProcess, free_port
-from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
-from schemas.events import BlockRemoved, BlockStored
+from schemas.codec import KAFKA_HEADERS
 from schemas.settings import load_settings
 
-SPECS = [GroupSpec(group_idx=0, kind="full_attention", block_size=16),
-         GroupSpec(group_idx=1, kind="sliding_window", block_size=16, sliding_window=128)]
+DELIVERY_MODES = ("message", "batch")  # settings.processor_delivery
 
 
 def make_envelopes(n: int, events_per: int, nodes: int, seed_ts: float) -> list[tuple[bytes, bytes]]:
-    """`(key, value)` pairs: per node contiguous seqs; each envelope stores about half its events'
-    worth of new blocks and evicts the oldest ones, so the index stays at a steady size."""
-    fifo: dict[int, list[int]] = {i: [] for i in range(nodes)}
-    seqs = dict.fromkeys(range(nodes), 0)
-    out = []
-    next_hash = 1 << 40
-    for k in range(n):
-        node = k % nodes
-        events = []
-        stores = events_per - events_per // 2
-        for j in range(stores):
-            events.append(BlockStored(block_hashes=[next_hash], parent_block_hash=next_hash - 1, token_ids=[1] * 16,
-                                      block_size=16, lora_id=None, medium="GPU", lora_name=None, group_idx=j % 2))
-            fifo[node].append((next_hash, j % 2))
-            next_hash += 1
-        while len(events) < events_per and len(fifo[node]) > 256:
-            h, g = fifo[node].pop(0)
-            events.append(BlockRemoved(block_hashes=[h], medium="GPU", group_idx=g))
-        ts = seed_ts + k * 1e-4
-        env = Envelope(v=SCHEMA_MAJOR, node_id=f"bench-node-{node}", epoch=1, seq=seqs[node], ts=ts, sent_ts=ts,
-                       group_specs=SPECS if seqs[node] == 0 else None, num_events=len(events),
-                       batch=msgspec.Raw(encode_vllm_batch(events, ts)))
-        seqs[node] += 1
-        out.append((env.node_id.encode(), encode_envelope(env)))
-    return out
+    """`n` envelopes of `nodes` nodes (processors.benchload.EnvelopeSource)."""
+    return EnvelopeSource(events_per, nodes, seed_ts).take(n)
 
 
 def _security() -> dict:
@@ -133,12 +110,15 @@ async def _raw_consume(bootstrap: str, topic: str, expected: int) -> tuple[float
         await consumer.stop()
 
 
-def _pure_path(records: list, max_bytes: int) -> tuple[float, int]:
+def _pure_path(records: list, max_bytes: int) -> tuple[float, int, dict]:
+    """Seconds, events applied and the index's sizes: `Ingest.handle` per record, as the agent did
+    before batched delivery (the per-message code every path shares)."""
     ingest = Ingest(Index(ttl_s=None), max_bytes)
     started = time.perf_counter()
     for r in records:
-        ingest.handle(r.value, r.headers, r.partition, r.offset, time.time())
-    return time.perf_counter() - started, ingest.index.counters["events"]
+        record_ts = r.timestamp / 1000.0 if r.timestamp_type == 1 else None
+        ingest.handle(r.value, r.headers, r.partition, r.offset, time.time(), record_ts)
+    return time.perf_counter() - started, ingest.index.counters["events"], ingest.index.sizes()
 
 
 def _agent_rate(proc: ProcessorProcess, total_messages: int, timeout: float) -> dict:
@@ -157,98 +137,137 @@ def _agent_rate(proc: ProcessorProcess, total_messages: int, timeout: float) -> 
     return {"seconds": t1 - t0, "messages": m1 - m0, "events": e1 - e0}
 
 
-async def _freshness(proc: ProcessorProcess, bootstrap: str, topic: str, probes: int) -> list[float]:
-    from aiokafka import AIOKafkaProducer
+def _probes(proc: ProcessorProcess, topic: str, node: str) -> Probes:
+    def routable(block_hash: int) -> bool:
+        return bool(proc.route({"0": [block_hash]})["nodes"])
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, **_security())
-    await producer.start()
-    latencies = []
+    return Probes(load_settings().kafka_confluent_config(), topic, routable, node)
+
+
+def _mode_run(mode: str, topics: tuple[str, str, str], args, tag: str, tmp: Path, bootstrap: str,
+              pure_sizes: dict, paced: list[tuple[bytes, bytes]], events_per_msg: float, last: bool) -> dict:
+    """One delivery mode on its own topics: agent rate over the backlog, idle and paced freshness,
+    and (last mode) restart from the snapshot vs rebuild."""
+    topic, dlq, snaps = topics
+    proc = ProcessorProcess({**_security_env(), "KVPIPE_KAFKA_BOOTSTRAP": bootstrap, "KVPIPE_EVENTS_TOPIC": topic,
+                             "KVPIPE_DLQ_TOPIC": dlq, "KVPIPE_SNAPSHOT_TOPIC": snaps,
+                             "KVPIPE_PARTITIONS": str(args.partitions), "KVPIPE_PROCESSOR_ID": f"bench-{tag}-{mode}",
+                             "KVPIPE_WEB_PORT": str(free_port()), "KVPIPE_STATE_DIR": str(tmp / mode / "state"),
+                             "KVPIPE_SNAPSHOT_EVERY_S": "3600", "KVPIPE_NODE_TTL_S": "3600",
+                             "KVPIPE_PROCESSOR_DELIVERY": mode}, tmp / f"processor-{mode}.log")
+    (tmp / mode).mkdir(exist_ok=True)
+    out: dict = {}
     try:
-        for i in range(probes):
-            h = (1 << 50) + i
-            ts = time.time()
-            events = [BlockStored(block_hashes=[h], parent_block_hash=None, token_ids=[], block_size=16, lora_id=None,
-                                  medium="GPU", lora_name=None, group_idx=0)]
-            env = Envelope(v=SCHEMA_MAJOR, node_id="bench-probe", epoch=1, seq=i, ts=ts, sent_ts=ts, num_events=1,
-                           batch=msgspec.Raw(encode_vllm_batch(events, ts)))
-            started = time.perf_counter()
-            await producer.send_and_wait(topic, value=encode_envelope(env), key=b"bench-probe", headers=KAFKA_HEADERS)
-            while True:
-                nodes = (await asyncio.to_thread(proc.route, {"0": [h]}))["nodes"]
-                if nodes:
-                    break
-            latencies.append((time.perf_counter() - started) * 1000)
+        proc.start()
+        agent = _agent_rate(proc, args.envelopes, timeout=600)
+        stats = proc.get("/stats")
+        out["agent_msgs_per_s"] = round(agent["messages"] / agent["seconds"])
+        out["agent_events_per_s"] = round(agent["events"] / agent["seconds"])
+        out["index_equals_pure_path"] = stats["index"] == pure_sizes
+        out["deliveries"] = stats["cluster"]["deliveries"]
+        probes = _probes(proc, topic, "bench-probe-idle")
+        try:
+            out["freshness_idle_ms"] = summary([probes.once() for _ in range(args.probes)])
+        finally:
+            probes.close()
+        del probes  # no client of ours across the paced publisher's fork
+        latencies, sent = paced_freshness(load_settings().kafka_confluent_config(), topic, paced,
+                                          args.paced_rate / events_per_msg,
+                                          lambda: _probes(proc, topic, "bench-probe-paced"), args.probe_every_ms / 1000)
+        behind = sum(f["behind"] or 0 for f in proc.get("/stats")["freshness"].values())
+        out["freshness_paced_ms"] = {**summary(latencies),
+                                     "published_events_per_s": round(sent["sent"] * events_per_msg / sent["seconds"]),
+                                     "published_msgs": sent["sent"], "behind_at_end_msgs": behind}
+        if last:
+            # every probe was seen, so the processor has handled the whole topic: these are its ends
+            end = {int(p): f["offset"] + 1 for p, f in proc.wait_offsets(_end_offsets(proc), 120)["freshness"].items()}
+            snap_started = time.perf_counter()
+            proc.stop()  # graceful: writes the shutdown snapshot
+            out["stop_with_snapshot_s"] = round(time.perf_counter() - snap_started, 2)
+            out.update(_restore_vs_rebuild(proc, end))
     finally:
-        await producer.stop()
-    return latencies
+        proc.kill()
+    return out
+
+
+def _end_offsets(proc: ProcessorProcess) -> dict[int, int]:
+    """The events topic's end offsets, from the processor's own view (/stats: offset + behind)."""
+    fresh = proc.get("/stats")["freshness"]
+    return {int(p): f["offset"] + 1 + (f["behind"] or 0) for p, f in fresh.items()}
 
 
 def run(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(prog="kvpipe bench ingest")
-    parser.add_argument("--envelopes", type=int, default=20_000)
+    parser.add_argument("--envelopes", type=int, default=60_000, help="backlog the agent rate is taken over")
     parser.add_argument("--events", type=int, default=25, help="events per envelope")
     parser.add_argument("--nodes", type=int, default=32)
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--probes", type=int, default=200, help="freshness probes")
+    parser.add_argument("--delivery", default=",".join(DELIVERY_MODES),
+                        help="processor_delivery modes to run, in order; value and ratio are the last one's")
+    parser.add_argument("--probes", type=int, default=50, help="idle freshness probes per mode")
+    parser.add_argument("--paced-rate", type=float, default=100_000, help="block events/s published while probing")
+    parser.add_argument("--paced-s", type=float, default=10.0, help="seconds of paced publishing per mode")
+    parser.add_argument("--probe-every-ms", type=float, default=20.0, help="one paced probe per this many ms")
     parser.add_argument("--keep-topics", action="store_true")
     args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.delivery.split(",") if m.strip()]
+    if not modes or any(m not in DELIVERY_MODES for m in modes):
+        parser.error(f"--delivery: a comma-separated list of {', '.join(DELIVERY_MODES)}; got {args.delivery!r}")
     settings = load_settings()
     bootstrap = settings.bootstrap()
     tag = uuid.uuid4().hex[:8]
-    topic, dlq, snaps = f"bench-ingest-{tag}", f"bench-ingest-dlq-{tag}", f"bench-ingest-snap-{tag}"
-    asyncio.run(_create_topics(bootstrap, [(topic, args.partitions, {}), (dlq, 1, {}),
-                                           (snaps, args.partitions, {"cleanup.policy": "compact"})]))
+    topics = {m: (f"bench-ingest-{tag}-{m}", f"bench-ingest-dlq-{tag}-{m}", f"bench-ingest-snap-{tag}-{m}")
+              for m in modes}
+    asyncio.run(_create_topics(bootstrap, [spec for t, dlq, snaps in topics.values()
+                                           for spec in ((t, args.partitions, {}), (dlq, 1, {}),
+                                                        (snaps, args.partitions, {"cleanup.policy": "compact"}))]))
     tmp = Path(tempfile.mkdtemp(prefix="kvpipe-bench-ingest-"))
-    proc = None
+    results: dict[str, dict] = {}
     try:
-        messages = make_envelopes(args.envelopes, args.events, args.nodes, time.time())
-        asyncio.run(_prefill(bootstrap, topic, messages))
-        raw_s, records = asyncio.run(_raw_consume(bootstrap, topic, args.envelopes))
+        source = EnvelopeSource(args.events, args.nodes, time.time())
+        messages = source.take(args.envelopes)
+        events_per = args.events  # envelopes of the paced phase carry what the backlog's do
+        paced = source.take(int(args.paced_rate * args.paced_s / events_per), ts=time.time())
+        for t, _, _ in topics.values():
+            asyncio.run(_prefill(bootstrap, t, messages))
+        raw_s, records = asyncio.run(_raw_consume(bootstrap, topics[modes[0]][0], args.envelopes))
         raw_msgs = len(records) - 1  # the first record is outside the timed window
-        pure_s, total_events = _pure_path(records, settings.max_message_bytes)
+        pure_s, total_events, pure_sizes = _pure_path(records, settings.max_message_bytes)
         events_per_msg = total_events / len(records)
         del records
-
-        proc = ProcessorProcess({**_security_env(), "KVPIPE_KAFKA_BOOTSTRAP": bootstrap, "KVPIPE_EVENTS_TOPIC": topic, "KVPIPE_DLQ_TOPIC": dlq,
-                                 "KVPIPE_SNAPSHOT_TOPIC": snaps, "KVPIPE_PARTITIONS": str(args.partitions),
-                                 "KVPIPE_PROCESSOR_ID": f"bench-{tag}", "KVPIPE_WEB_PORT": str(free_port()),
-                                 "KVPIPE_STATE_DIR": str(tmp / "state"), "KVPIPE_SNAPSHOT_EVERY_S": "3600",
-                                 "KVPIPE_NODE_TTL_S": "3600"}, tmp / "processor.log")
-        proc.start()
-        agent = _agent_rate(proc, args.envelopes, timeout=600)
-        latencies = sorted(asyncio.run(_freshness(proc, bootstrap, topic, args.probes)))
-        # every probe was seen, so the processor has handled the whole topic: these are its ends
-        end = {int(p): f["offset"] + 1 for p, f in proc.get("/stats")["freshness"].items()}
-        snap_started = time.perf_counter()
-        proc.stop()  # graceful: writes the shutdown snapshot
-        stop_s = time.perf_counter() - snap_started
-        restore = _restore_vs_rebuild(proc, end)
+        for i, mode in enumerate(modes):
+            results[mode] = _mode_run(mode, topics[mode], args, tag, tmp, bootstrap, pure_sizes, paced,
+                                      events_per_msg, last=i == len(modes) - 1)
     finally:
-        if proc is not None:
-            proc.kill()
         if not args.keep_topics:
-            asyncio.run(_delete_topics(bootstrap, [topic, dlq, snaps]))
+            asyncio.run(_delete_topics(bootstrap, [name for names in topics.values() for name in names]))
 
     raw_events_s = raw_msgs * events_per_msg / raw_s
-    agent_events_s = agent["events"] / agent["seconds"]
-    return {
+    for r in results.values():
+        r["ratio"] = round(r["agent_events_per_s"] / raw_events_s, 4)
+    last = results[modes[-1]]
+    out = {
         "bench": "ingest",
-        "value": round(agent_events_s),
+        "value": last["agent_events_per_s"],
         "unit": "block-events/s",
         "baseline": round(raw_events_s),
-        "ratio": round(agent_events_s / raw_events_s, 4),
-        "freshness_ms_p50": round(statistics.median(latencies), 2),
-        "freshness_ms_p99": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 2),
+        "ratio": last["ratio"],
+        "delivery": modes[-1],
+        "freshness_ms_p50": last["freshness_paced_ms"].get("p50"),
+        "freshness_ms_p99": last["freshness_paced_ms"].get("p99"),
+        "paced_events_per_s": last["freshness_paced_ms"]["published_events_per_s"],
         "envelopes": args.envelopes,
         "events_per_envelope": round(events_per_msg, 2),
         "raw_msgs_per_s": round(raw_msgs / raw_s),
-        "agent_msgs_per_s": round(agent["messages"] / agent["seconds"]),
         "pure_path_events_per_s": round(total_events / pure_s),
-        "pure_path_msgs_per_s": round(len(messages) / pure_s),
+        "pure_path_msgs_per_s": round(args.envelopes / pure_s),
         "pure_path_ratio": round(total_events / pure_s / raw_events_s, 4),
-        "stop_with_snapshot_s": round(stop_s, 2),
-        **restore,
+        "modes": results,
     }
+    if "message" in results and "batch" in results:
+        out["batch_over_message"] = round(results["batch"]["agent_events_per_s"] /
+                                          results["message"]["agent_events_per_s"], 2)
+    return out
 
 
 def _restore_vs_rebuild(proc: ProcessorProcess, end: dict[int, int]) -> dict:
@@ -277,4 +296,8 @@ def _restore_vs_rebuild(proc: ProcessorProcess, end: dict[int, int]) -> dict:
             "restored_blocks": sum(r["blocks"] for r in restores),
             "replayed_after_restore": stats["counters"]["messages"],
             "restart_with_full_rebuild_s": round(rebuild_s, 2),
-            "rebuild_index_equal": rebuilt["index"] == stats["index"]}
+            "rebuild_index_equal": rebuilt["index"] == stats["index"],
+            **({} if rebuilt["index"] == stats["index"] else
+               {"rebuild_index": rebuilt["index"], "restored_index": stats["index"],
+                "rebuild_counters": rebuilt["counters"], "restored_counters": stats["counters"],
+                "rebuild_deliveries": rebuilt["cluster"]["deliveries"]})}

@@ -25,7 +25,8 @@ that does not need this loop. Checking its size per message cost 5% (it reads `a
 
 2. `QuietMonitor`: Faust's `Monitor` sensor keeps per-event statistics (timings, per-stream
 and per-task counters, a dict per event) on every message in and out: ~6% of the worker. Nothing
-here reads them (`/stats` is ours), so those four hooks are no-ops; the rest of the Monitor
+here reads them (`/stats` is ours), so those four hooks are no-ops but for the stream's last-event
+time, which Faust's livelock check reads; the rest of the Monitor
 (commit and end-offset tracking Faust calls directly) stays.
 
 The rest of the loop (read offsets, gap tracking, `broker_commit_every`) is Faust 0.15.3's
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from time import monotonic
 from typing import Any, cast
 
 import faust
@@ -122,7 +124,9 @@ class QuietMonitor(Monitor):
         pass
 
     def on_stream_event_in(self, tp, offset, stream, event) -> None:
-        return None
+        # the one field Faust itself reads back: its livelock check warns about a lagging partition
+        # whose stream never processed anything
+        self.stream_inbound_time[tp] = monotonic()
 
     def on_stream_event_out(self, tp, offset, stream, event, state=None) -> None:
         pass
@@ -135,13 +139,19 @@ class FastDrainTransport(faust_aiokafka.Transport):
     Consumer = FastDrainConsumer
 
 
-def install(app: faust.App) -> bool:
-    """Give `app` the fast-drain transport (before anything creates its consumer). Returns False
-    and leaves Faust's transport in place on a Faust version this was not checked against."""
+def supported(app: faust.App) -> bool:
+    """Whether the drain loops here (and processors.batchdelivery's) fit `app`: the Faust version
+    they were checked against, and a Kafka broker URL."""
     if faust.__version__ not in SUPPORTED_FAUST:
         log.warning("faust %s: fast drain not checked for this version; using Faust's own consumer", faust.__version__)
         return False
-    if not app.conf.broker_consumer[0].scheme.startswith("kafka"):
+    return app.conf.broker_consumer[0].scheme.startswith("kafka")
+
+
+def install(app: faust.App) -> bool:
+    """Give `app` the fast-drain transport (before anything creates its consumer). Returns False
+    and leaves Faust's transport in place on a Faust version this was not checked against."""
+    if not supported(app):
         return False
     app.transport = FastDrainTransport(app.conf.broker_consumer, app)
     return True

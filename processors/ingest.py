@@ -1,4 +1,5 @@
-"""One Kafka message → index update, as a plain function shared by the Faust agent and the bench.
+"""One Kafka message → index update, as a plain function shared by the Faust agents and the bench;
+`Ingest.handle_batch` runs it over a partition's fetched records (processors.batchdelivery).
 
 No I/O here: the caller sends DLQ messages and analytics rows with what `Ingest.handle` returns.
 The per-partition bookkeeping (`applied_offset`, stream time) is what makes snapshots exact: a
@@ -22,13 +23,14 @@ and only for a node whose clock ran ahead by more than `max_skew_s`.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+import time
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 import msgspec
 
 from processors import slots
 from processors.analytics.rows import LifetimeRow
-from processors.index import APPLIED, Index
+from processors.index import APPLIED, REFUSED, Index
 from processors.router.inflight import InFlight
 from schemas.codec import INVALID, LAYOUT_MAP, DecodeError, check_headers, decode_envelope, envelope_events
 from schemas.envelope import Envelope
@@ -51,6 +53,34 @@ class Result(msgspec.Struct, gc=False):
     events: list[Event] = []
     lifetimes: list[LifetimeRow] = []
     error: DecodeError | None = None
+
+
+class KafkaRecord(Protocol):
+    """A fetched Kafka record as the client gives it (aiokafka's `ConsumerRecord`)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int | None  # milliseconds, as Kafka stores it
+    timestamp_type: int  # 1 = LogAppendTime (the broker's clock)
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes]] | None
+
+
+class Batch(msgspec.Struct, gc=False):
+    """What `Ingest.handle_batch` did with the front of a run of records.
+
+    The run stops right after a record that needs a side effect before the next one is applied
+    (a DLQ copy, or a failure of the ingest path itself): the caller sends it, then hands over
+    the rest. So side effects happen in offset order, exactly as with one `handle` per message,
+    and a snapshot taken while the caller waits never covers a later record than before."""
+
+    handled: int  # records handled, from the front of the run
+    published: list[float]  # publish time (`sent_ts`, else `ts`) of each applied envelope
+    refused: list[Result]  # REFUSED results (a new node id past `max_nodes`), for the log
+    dlq: Result | None = None  # the last handled record is bad input: its DLQ copy is due
+    failed: Exception | None = None  # the last handled record broke the ingest path (a bug)
 
 
 def _check_events(env: Envelope, events: list[Event]) -> None:
@@ -137,6 +167,34 @@ class Ingest:
                 self.inflight.on_events(env.node_id, events,
                                         new_epoch=epoch_before is not None and env.epoch > epoch_before)
         return Result(outcome, env, events, lifetimes)
+
+    def handle_batch(self, records: Sequence[KafkaRecord], clock: Callable[[], float] = time.time) -> Batch:
+        """`handle` for each record of `records` in order, until one needs a side effect (see
+        `Batch`). One implementation: every record goes through `handle`, so a batch applies
+        exactly what the same records one at a time would. `clock` is read per record: the
+        trusted bound and `ingest_ts` are what a record-at-a-time loop would have seen."""
+        handle = self.handle
+        published: list[float] = []
+        add = published.append
+        refused: list[Result] = []
+        i = 0
+        for r in records:
+            i += 1
+            ts_ms = r.timestamp
+            record_ts = ts_ms / 1000.0 if r.timestamp_type == 1 and ts_ms is not None else None
+            try:
+                result = handle(r.value, r.headers, r.partition, r.offset, clock(), record_ts)
+            except Exception as exc:  # noqa: BLE001 - reported by the caller, with the record
+                return Batch(i, published, refused, failed=exc)
+            outcome = result.outcome
+            if outcome == APPLIED:
+                env = result.env
+                add(env.sent_ts or env.ts)
+            elif outcome == DLQ:
+                return Batch(i, published, refused, dlq=result)
+            elif outcome == REFUSED:
+                refused.append(result)
+        return Batch(i, published, refused)
 
     def _native_batch(self, env: Envelope):
         """The envelope's events read natively, or None for the reference decoder."""

@@ -16,7 +16,8 @@ class RateLimitedLog:
         self._last: dict[str, float] = {}
         self._held: dict[str, int] = {}
 
-    def emit(self, key: str, level: int, msg: str, *args, exc_info: bool = False, now: float | None = None) -> bool:
+    def emit(self, key: str, level: int, msg: str, *args, exc_info: bool | BaseException = False,
+             now: float | None = None) -> bool:
         """Log under `key` unless it was logged less than `interval_s` ago; True if logged."""
         now = time.monotonic() if now is None else now
         last = self._last.get(key)

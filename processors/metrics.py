@@ -167,5 +167,12 @@ class ProcessorMetrics:
         if published > 0:
             self.freshness.observe(max(0.0, now - published))  # a node clock ahead of ours reads as 0
 
+    def observe_published(self, published: list[float], now: float) -> None:
+        """Applied envelopes by their publish times (`Batch.published`), all routable at `now`."""
+        observe = self.freshness.observe
+        for t in published:
+            if t > 0:
+                observe(now - t if now > t else 0.0)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

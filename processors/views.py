@@ -219,9 +219,12 @@ def cluster_stats() -> dict:
     consumer = app.consumer
     return {"url": str(app.conf.canonical_url), "owned_partitions": _owned(), "peers": _peer_urls(),
             "expected_partitions": list(_expected()),
-            # processors.fastpath: messages handed over directly vs through Faust's wait_first
+            # processors.fastpath: messages handed over directly vs through Faust's wait_first;
+            # processors.batchdelivery: runs handed to the batch handler, their records, records left
+            # for the re-fetch after a rebalance
             "deliveries": {"direct": getattr(consumer, "direct_deliveries", None),
-                           "waited": getattr(consumer, "waited_deliveries", None)}}
+                           "waited": getattr(consumer, "waited_deliveries", None),
+                           **getattr(consumer, "batch_stats", {})}}
 
 
 @app.page("/stats")

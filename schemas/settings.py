@@ -55,6 +55,9 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     node_ttl_s: float = 30.0
     snapshot_every_s: float = 10.0
     snapshot_timeout_s: float = 60.0  # a snapshot not acknowledged by then fails, counted in /stats
+    # how fetched events reach the index: "batch" (a partition's fetched run per call,
+    # processors/batchdelivery.py) or "message" (one at a time through Faust's stream; the fallback)
+    processor_delivery: Literal["batch", "message"] = "batch"
 
     # analytics app (`kvpipe analytics`): its own Faust app and consumer group on the events topic
     analytics_id: str = "kvpipe-analytics"
