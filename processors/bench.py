@@ -113,7 +113,8 @@ async def _raw_consume(bootstrap: str, topic: str, expected: int) -> tuple[float
 def _pure_path(records: list, max_bytes: int) -> tuple[float, int, dict]:
     """Seconds, events applied and the index's sizes: `Ingest.handle` per record, as the agent did
     before batched delivery (the per-message code every path shares)."""
-    ingest = Ingest(Index(ttl_s=None), max_bytes)
+    # as the routing app runs it: native store and batch reader when built, lifetimes counted only
+    ingest = Ingest(Index(ttl_s=None, lifetimes=False), max_bytes, native_batches=True)
     started = time.perf_counter()
     for r in records:
         record_ts = r.timestamp / 1000.0 if r.timestamp_type == 1 else None
