@@ -40,6 +40,7 @@ This module keeps the rules around them: per-node order, epochs, liveness, loss,
 """
 from __future__ import annotations
 
+import itertools
 from functools import partial
 from typing import Any, Iterable
 
@@ -56,15 +57,21 @@ DUPLICATE = "duplicate"
 STALE = "stale"
 REFUSED = "refused"  # a new node id while `max_nodes` are tracked
 
+_node_keys = itertools.count()
+
+
 class NodeState:
     """What the index knows about one serving node (one incarnation = one epoch at a time)."""
 
     __slots__ = ("node_id", "epoch", "seq", "last_seen", "suspect", "reason", "expired", "group_specs",
                  "hash_config", "model", "dp_rank", "partition", "last_offset", "slots", "counters",
-                 "partial_since", "skew_s", "expired_at", "load")
+                 "partial_since", "skew_s", "expired_at", "load", "key")
 
     def __init__(self, node_id: str, epoch: int, partition: int) -> None:
         self.node_id = node_id
+        # a small int naming this node state in the native store's slot records (`slots`), unique in
+        # the process (wraps past 2^32 node states, which no process lives to see)
+        self.key = next(_node_keys) & 0xFFFF_FFFF
         self.epoch = epoch
         self.seq = -1  # last applied seq in this epoch
         self.last_seen = 0.0  # the node's own clock: max(ts, sent_ts) of its last applied envelope

@@ -29,6 +29,10 @@ class NodeLoads(Mapping[str, Load]):
     """Each node's latest reported load, read from the index when a row asks for it (a route
     touches the rows it builds, not every node); nodes that never reported have none: zero load."""
 
+    # every load is >= 0: envelopes with a negative one are refused (`schemas.codec.validate_envelope`),
+    # which lets a route skip ranking nodes holding nothing when a node with a hit outranks them all
+    nonnegative = True
+
     def __init__(self, index: Index) -> None:
         self._nodes = index.nodes
 

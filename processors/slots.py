@@ -29,6 +29,7 @@ except ImportError:  # not built (KVPIPE_NATIVE=0): the reference store only
     kvpipe_native = None
 
 StoreKind = Literal["native", "python"]
+MAX_MEDIA = 0xFFFF  # medium ids the native store records; the last one is shared by any further medium
 STORES: tuple[StoreKind, ...] = ("native", "python")
 
 
@@ -313,13 +314,42 @@ class NativeStore:
                                "disables it): use the python store")
         self.core = kvpipe_native.IndexStore()
         self._slots: dict[int, Slot] = {}  # sid → slot, for the router's answers
+        # media by id as the store records them per slot (ids are u16; past that, one shared id,
+        # and `media_overflow` tells the router to read media the reference way)
+        self.media: list[str] = []
+        self._media_ids: dict[str, int] = {}
+        self._rank: list[int] | None = None
 
     def new_slot(self, node: Any, group: int, medium: str) -> Slot:
         slot = Slot(node, group, medium)
-        slot.sid = self.core.new_slot(group)
+        slot.sid = self.core.new_slot(group, node.key, self._medium_id(medium), medium == "GPU")
         slot.blocks, slot.dups = _Blocks(self.core, slot.sid), _Dups(self.core, slot.sid)
         self._slots[slot.sid] = slot
         return slot
+
+    def _medium_id(self, medium: str) -> int:
+        got = self._media_ids.get(medium)
+        if got is None:
+            if len(self.media) >= MAX_MEDIA:
+                return MAX_MEDIA
+            got = self._media_ids[medium] = len(self.media)
+            self.media.append(medium)
+            self._rank = None
+        return got
+
+    @property
+    def media_overflow(self) -> bool:
+        return len(self.media) >= MAX_MEDIA
+
+    def media_rank(self) -> list[int]:
+        """Per medium id its position by name (the order the router lists media in)."""
+        if self._rank is None:
+            order = sorted(range(len(self.media)), key=self.media.__getitem__)
+            rank = [0] * len(self.media)
+            for pos, mid in enumerate(order):
+                rank[mid] = pos
+            self._rank = rank
+        return self._rank
 
     def slot_by_id(self, sid: int) -> Slot:
         return self._slots[sid]

@@ -183,6 +183,11 @@ def validate_envelope(env: Envelope) -> None:
     elif env.dropped > MAX_COUNT or env.lost_batches > MAX_COUNT:
         # counters summing them must stay encodable (msgpack ints end at 2^64) in snapshots
         problems.append(f"dropped {env.dropped} / lost_batches {env.lost_batches}: more than {MAX_COUNT} is not a count")
+    for name, count in (("running", env.running), ("waiting", env.waiting)):
+        if count is not None and count < 0:
+            problems.append(f"{name} {count} is negative")
+    if env.kv_usage is not None and not 0.0 <= env.kv_usage < math.inf:
+        problems.append(f"kv_usage {env.kv_usage!r} is not a finite, non-negative fraction")
     for name, value in (("ts", env.ts), ("sent_ts", env.sent_ts)):
         # NaN compares false with everything: `0 <= value < inf` rejects NaN, +-inf and negatives.
         if not 0.0 <= value < math.inf:

@@ -5,6 +5,7 @@
 
 pub mod batch;
 pub mod hit;
+pub mod route;
 pub mod store;
 
 use hit::{find_hit, Held, Kind, Layout, SpecGroup};
@@ -229,6 +230,7 @@ struct IndexStore {
 }
 
 type Closed = (Vec<u64>, Vec<f64>);
+type CohortRow = (usize, i64, i64, Vec<(usize, usize, Vec<u32>)>);
 type Applied = (
     usize,
     usize,
@@ -248,8 +250,13 @@ impl IndexStore {
         Self::default()
     }
 
-    fn new_slot(&mut self, group: u64) -> PyResult<u32> {
-        self.inner.new_slot(group).map_err(err)
+    /// A new slot of `group`, owned by node `owner` (a key the caller assigns), on medium id
+    /// `medium` (`gpu`: the GPU medium); `route_cohort` reports per owner and medium.
+    #[pyo3(signature = (group, owner=0, medium=0, gpu=true))]
+    fn new_slot(&mut self, group: u64, owner: u32, medium: u16, gpu: bool) -> PyResult<u32> {
+        self.inner
+            .new_slot(group, store::SlotMeta { owner, medium, gpu })
+            .map_err(err)
     }
 
     /// Store `hashes` at `ts` (cap: blocks per slot, None for none). Returns (kept, refused).
@@ -426,6 +433,44 @@ impl IndexStore {
         Ok(out)
     }
 
+    /// One cohort's hits for every member node holding any requested block (`route::route_cohort`):
+    /// `lists` `[(group, hashes)]` in the layouts' group order, `members` `[(owner key, layout id
+    /// in `engine`, cap, tokens hashed)]`, `media_rank[medium id]` the order of non-GPU media.
+    /// Returns per such node `(member index, gpu tokens, any tokens, [(gpu blocks, blocks used,
+    /// media ids)] per group)`; media ids `GPU_MEDIUM` and `UNKNOWN_MEDIUM` as the module says.
+    fn route_cohort(
+        &self,
+        engine: PyRef<'_, HitEngine>,
+        lists: Vec<(u64, Bound<'_, PyAny>)>,
+        members: Vec<(u32, usize, i64, i64)>,
+        media_rank: Vec<u32>,
+    ) -> PyResult<Vec<CohortRow>> {
+        let lists = lists
+            .into_iter()
+            .map(|(g, hashes)| Ok((g, keys_of(&hashes)?)))
+            .collect::<PyResult<Vec<_>>>()?;
+        let members: Vec<route::Member> = members
+            .into_iter()
+            .map(|(owner, layout, cap, num_hashed)| route::Member {
+                owner,
+                layout,
+                cap,
+                num_hashed,
+            })
+            .collect();
+        if members.iter().any(|m| m.cap < 0) {
+            return Err(PyValueError::new_err("negative cap"));
+        }
+        let out = route::route_cohort(&self.inner, &engine.layouts, &lists, &members, &media_rank).map_err(err)?;
+        Ok(out
+            .into_iter()
+            .map(|n| {
+                let groups = n.groups.into_iter().map(|g| (g.gpu_blocks, g.blocks, g.media)).collect();
+                (n.member, n.gpu_tokens, n.any_tokens, groups)
+            })
+            .collect())
+    }
+
     fn slot_group(&self, slot: u32) -> PyResult<u64> {
         self.inner.slot_group(slot).map_err(err)
     }
@@ -515,5 +560,7 @@ fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<IndexStore>()?;
     m.add_class::<Batch>()?;
     m.add_function(wrap_pyfunction!(parse_batch, m)?)?;
+    m.add("GPU_MEDIUM", route::GPU_ID)?;
+    m.add("UNKNOWN_MEDIUM", route::UNKNOWN)?;
     Ok(())
 }

@@ -39,9 +39,19 @@ struct Block {
 
 struct Slot {
     group: u64,
+    meta: SlotMeta,
     live: bool,
     extra: u32, // entries of this slot in `dups` (so closing a slot skips that table when 0)
     blocks: HashTable<Block>,
+}
+
+/// Who a slot belongs to, for queries over all nodes at once: the owner's key and the medium
+/// (an id the caller assigns; `gpu` marks the GPU medium).
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct SlotMeta {
+    pub owner: u32,
+    pub medium: u16,
+    pub gpu: bool,
 }
 
 /// What one `remove` did: copies removed, removals of blocks never stored, and the entries whose
@@ -91,9 +101,10 @@ impl Store {
     }
 
     /// A new empty slot of `group`; ids of closed slots are reused.
-    pub fn new_slot(&mut self, group: u64) -> Result<u32, String> {
+    pub fn new_slot(&mut self, group: u64, meta: SlotMeta) -> Result<u32, String> {
         let slot = Slot {
             group,
+            meta,
             live: true,
             extra: 0,
             blocks: HashTable::new(),
@@ -402,6 +413,12 @@ impl Store {
         }
     }
 
+    /// The owner and medium of a live slot (None for a closed one).
+    #[inline]
+    pub fn meta(&self, id: u32) -> Option<SlotMeta> {
+        self.slots.get(id as usize).filter(|s| s.live).map(|s| s.meta)
+    }
+
     pub fn slot_group(&self, id: u32) -> Result<u64, String> {
         Ok(self.slot(id)?.group)
     }
@@ -515,8 +532,8 @@ mod tests {
     #[test]
     fn refcounts_holders_and_close() {
         let mut s = Store::new();
-        let a = s.new_slot(0).unwrap();
-        let b = s.new_slot(0).unwrap();
+        let a = s.new_slot(0, SlotMeta::default()).unwrap();
+        let b = s.new_slot(0, SlotMeta::default()).unwrap();
         assert_eq!(s.store(a, &[1, 2, 2, 3], 1.0, None).unwrap(), (4, 0));
         s.store(b, &[2], 2.0, None).unwrap();
         assert_eq!(s.copies(a, 2).unwrap(), 2);

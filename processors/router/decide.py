@@ -57,6 +57,7 @@ import msgspec
 from processors.index import Index, NodeState
 from processors.route_hma import NodeModel, at_units, held_positions
 from processors.router.hashing import PromptHasher, layout_mismatch
+from processors.router.cohort import cohort_hits, touched_row
 from processors.router.hits import Engine, HitSearch, Job
 from processors.router.inflight import InFlight
 from processors.router.plan import Plan, label, plan
@@ -122,9 +123,23 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
     # worked out without building the row), which leaves the finished answer unchanged.
     every_zero = req.include_zero or scoring.temperature > 0
     best_zero: tuple | None = None
+    search = search or _default_search()
+    deferred: list[tuple[list, set[int], dict[int, Zero], Lists]] = []  # native cohorts' zero nodes
     for lists, members in cohorts.values():
-        held = held_positions(index, lists)
         zero: dict[int, Zero] = {}  # by id(model): models outlive this call, so ids are not reused here
+        # the common cohort in one native call (`router.cohort`): only nodes holding blocks answer
+        touched = cohort_hits(index, search, lists, members, req, checked.num_tokens, inflight)
+        if touched is not None:
+            for m, answer in touched.items():
+                node, model = members[m]
+                z = zero.get(id(model))
+                if z is None:
+                    z = zero[id(model)] = zero_shape(node, model, lists, checked.num_tokens, req)
+                rows.append(touched_row(z, node, answer, index.store.media, scoring,  # type: ignore[union-attr]
+                                        loads.get(node.node_id, _NO_LOAD), now, stale_after_s))
+            deferred.append((members, set(touched), zero, lists))
+            continue
+        held = held_positions(index, lists)
         for node, model in members:
             node_held = held.get(node)
             if node_held is None and (inflight is None or not inflight.tracks(node.node_id)):
@@ -148,10 +163,25 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
                 if p.any_sets != p.gpu_sets:
                     jobs.append(Job(model, p.groups, p.lens, p.any_sets, p.cap))
             pending.append(p)
+    if deferred and (every_zero or not _zero_cannot_win(rows, scoring, loads)):
+        for members, touched_set, zero, lists in deferred:
+            for m, (node, model) in enumerate(members):
+                if m in touched_set:
+                    continue
+                z = zero.get(id(model))
+                if z is None:
+                    z = zero[id(model)] = zero_shape(node, model, lists, checked.num_tokens, req)
+                load = loads.get(node.node_id, _NO_LOAD)
+                if every_zero:
+                    rows.append(zero_row(z, node, scoring, load, now, stale_after_s))
+                    continue
+                rank = zero_rank(z, node, scoring, load, now, stale_after_s)
+                if best_zero is None or rank < best_zero[0]:
+                    best_zero = (rank, z, node, load)
     if best_zero is not None:
         _, z, node, load = best_zero
         rows.append(zero_row(z, node, scoring, load, now, stale_after_s))
-    hits = (search or _default_search()).search(jobs)  # every node's hits in one call
+    hits = search.search(jobs)  # every other node's hits in one call
     for p in pending:
         row = node_row(p, hits, req, scoring, loads.get(p.node.node_id, _NO_LOAD), inflight)
         if isinstance(row, str):
@@ -166,6 +196,17 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
         num_tokens=checked.num_tokens, hash_configs=hasher.used() if hasher else [], nodes=rows,
         no_signal=no_signal, hashing_s=round(hasher.seconds, 6) if hasher else 0.0,
         search_s=round(time.perf_counter() - t_search, 6))
+
+
+def _zero_cannot_win(rows: list[NodeRoute], s: Scoring, loads: Mapping[str, Load]) -> bool:
+    """Whether a row already outranks every node holding nothing, so none of those needs a rank: a
+    live row with a positive score beats them when their score cannot be positive (load weights
+    >= 0 and loads known to be >= 0: none given, or the index's, which refuses negative ones)."""
+    if min(s.running_weight, s.waiting_weight, s.kv_usage_weight) < 0:
+        return False
+    if loads and not getattr(loads, "nonnegative", False):
+        return False
+    return any(r.score > 0 and _TIER[r.state] == 0 for r in rows)
 
 
 def finish(answers: Sequence[RouteAnswer], req: RouteRequest, *, inflight: InFlight | None = None,

@@ -101,6 +101,18 @@ class HitSearch:
                 out[i] = Hit(length, tuple(spans))
         return out  # type: ignore[return-value]
 
+    @property
+    def native_engine(self):
+        """The native engine holding the registered layouts (None on the Python engine)."""
+        return self._native
+
+    def native_layout(self, model: NodeModel, groups: tuple[int, ...]) -> _NativeLayout | None:
+        """The native layout of `model` searched on `groups` (registered on first use), or None when
+        the native engine does not model it or is not in use."""
+        if self._native is None:
+            return None
+        return self._layout(Job(model, groups, (), (), 0))
+
     def _layout(self, job: Job) -> _NativeLayout | None:
         # By the model's identity (route_hma.node_model keeps one per publication; hashing the
         # frozen dataclass would cost more than the search), the model kept to pin its id.

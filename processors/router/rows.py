@@ -67,7 +67,7 @@ def zero_shape(node: NodeState, model: NodeModel, lists: Lists, num_tokens: int 
                 req: RouteRequest) -> Zero:
     """`prepare` and `node_row` for a node with nothing held and nothing in flight (their rules,
     kept in one place: the row comes out equal; tests/unit/router holds both paths)."""
-    p = prepare(node, model, lists, {}, num_tokens, req, None, 0.0, None, liveness=False)
+    p = prepare(node, model, lists, {}, num_tokens, req, None, 0.0, None, live=False)
     row = node_row(p, [], req, Scoring(), NO_LOAD, None)
     assert not isinstance(row, str) and not p.searched
     return Zero(row.groups, p.exact, p.reason, p.state, p.state_reason, num_tokens)
@@ -75,7 +75,7 @@ def zero_shape(node: NodeState, model: NodeModel, lists: Lists, num_tokens: int 
 
 def zero_row(z: Zero, node: NodeState, scoring: Scoring, load: Load, now: float,
               stale_after_s: float | None) -> NodeRoute:
-    state, state_reason = _liveness(node, z.state, z.state_reason, now, stale_after_s)
+    state, state_reason = liveness(node, z.state, z.state_reason, now, stale_after_s)
     return NodeRoute(node_id=node.node_id, epoch=node.epoch, model=node.model, dp_rank=node.dp_rank, state=state,
                      state_reason=state_reason, gpu_tokens=0, loadable_tokens=0,
                      groups=[msgspec.structs.replace(g) for g in z.groups], exact=z.exact, reason=z.reason or None,
@@ -85,14 +85,14 @@ def zero_row(z: Zero, node: NodeState, scoring: Scoring, load: Load, now: float,
 def zero_rank(z: Zero, node: NodeState, scoring: Scoring, load: Load, now: float,
               stale_after_s: float | None) -> tuple:
     """`zero_row`'s rank (`decide._rank` of the row) without building the row."""
-    state, _ = _liveness(node, z.state, z.state_reason, now, stale_after_s)
+    state, _ = liveness(node, z.state, z.state_reason, now, stale_after_s)
     return (TIER[state], -round(score(0, 0, z.num_tokens, load, 0, scoring), 9), 0, 0, node.node_id)
 
 
 TIER = {"live": 0, "partial": 0, "stale": 1, "suspect": 2}  # rows rank by state first (`decide._rank`)
 
 
-def _liveness(node: NodeState, state: str, state_reason: str | None, now: float,
+def liveness(node: NodeState, state: str, state_reason: str | None, now: float,
               stale_after_s: float | None) -> tuple[str, str | None]:
     """A suspect node, else a silent one, overrides the state ("live" or "partial") and its reason."""
     if node.suspect:
@@ -104,7 +104,7 @@ def _liveness(node: NodeState, state: str, state_reason: str | None, now: float,
 
 def prepare(node: NodeState, model: NodeModel, lists: Lists, held: Held, num_tokens: int | None,
              req: RouteRequest, inflight: InFlight | None, now: float, stale_after_s: float | None,
-             liveness: bool = True) -> Pending:
+             live: bool = True) -> Pending:
     groups = [g for g in model.groups if g in lists]
     specs = [s for g, s in zip(model.groups, model.specs) if g in lists]
     exact, reason = True, None
@@ -125,8 +125,8 @@ def prepare(node: NodeState, model: NodeModel, lists: Lists, held: Held, num_tok
         exact = False
         reason = "; ".join(filter(None, [reason, "num_tokens not given: the hit is not capped at num_tokens - 1 "
                                                  "and may count the last token"]))
-    if liveness:
-        state, state_reason = _liveness(node, state, state_reason, now, stale_after_s)
+    if live:
+        state, state_reason = liveness(node, state, state_reason, now, stale_after_s)
 
     spec = inflight.positions(node.node_id, {g: lists[g] for g in groups}) if inflight is not None else {}
     if not held and not spec:  # most nodes of a large fleet hold none of a request's blocks

@@ -126,3 +126,10 @@ def test_invalid_utf8_inside_the_vllm_batch_is_bad_utf8():
     with pytest.raises(DecodeError) as info:
         envelope_events(env)
     assert info.value.kind == "bad_utf8"
+
+
+@pytest.mark.parametrize("load", [{"running": -1}, {"waiting": -3}, {"kv_usage": -0.1}, {"kv_usage": float("nan")},
+                                  {"kv_usage": float("inf")}])
+def test_a_negative_or_non_finite_load_is_invalid(load):
+    # the router relies on loads >= 0 (a node holding nothing never outscores a live hit then)
+    assert _kind(encode_envelope(_env(**load))).kind == INVALID

@@ -1,0 +1,53 @@
+"""The native cohort path (`processors.router.cohort`: one store call per cohort, rows only for nodes
+holding blocks, nodes holding nothing ranked only when one could be chosen) answers exactly as the
+per-node path on the Python engine: seeded fleets with hybrid caches on GPU and CPU, loads (some
+nodes loaded enough that an empty node wins), suspect and stale nodes, `include_zero`, `top_k` and
+sampling."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from processors.router import bench, cohort, decide
+from processors.router.hits import HitSearch, native_available
+from processors.router.model import Load, RouteRequest, Scoring
+
+pytestmark = pytest.mark.skipif(not native_available(), reason="the native extension is not built")
+
+
+class Loads(dict):
+    nonnegative = True  # as the index's loads (negative ones are refused at ingest)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_native_cohorts_answer_as_the_per_node_path(seed, monkeypatch):
+    rng = random.Random(seed)
+    index, docs = bench.build(24, 6, 512, 2, 1 + seed % 2, rng)
+    nodes = sorted(index.nodes)
+    for n in rng.sample(nodes, 3):
+        index.nodes[n].mark_suspect("test")
+    loads = Loads({n: Load(running=rng.randint(0, 40), waiting=rng.randint(0, 40), kv_usage=rng.random())
+                   for n in rng.sample(nodes, 12)})
+    # all but three nodes busy: a node holding nothing is often the best choice
+    heavy = Loads({n: Load(running=30, waiting=30, kv_usage=0.9) for n in nodes[:-3]})
+    used = []
+    real = cohort.cohort_hits
+
+    def spy(*args, **kw):
+        got = real(*args, **kw)
+        used.append(got is not None)
+        return got
+
+    monkeypatch.setattr(decide, "cohort_hits", spy)
+    native, python = HitSearch("native"), HitSearch("python")
+    for tokens in bench.prompts(docs, 12, rng):
+        for req in (RouteRequest(token_ids=tokens), RouteRequest(token_ids=tokens, include_zero=True),
+                    RouteRequest(token_ids=tokens, top_k=2),
+                    RouteRequest(token_ids=tokens, scoring=Scoring(temperature=0.5, seed=seed)),
+                    RouteRequest(token_ids=tokens, scoring=Scoring(waiting_weight=0.5))):
+            for given in (loads, heavy, None):
+                a = decide.route(index, req, loads=given, now=5.0, stale_after_s=3.0 + seed, search=native)
+                b = decide.route(index, req, loads=given, now=5.0, stale_after_s=3.0 + seed, search=python)
+                assert (a.chosen, a.nodes, a.no_signal) == (b.chosen, b.nodes, b.no_signal)
+    assert any(used) and not all(used[i] for i in range(1, len(used), 2))  # native taken; python never
