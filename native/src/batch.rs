@@ -168,37 +168,31 @@ fn float(rd: &mut Rd) -> Option<f64> {
     }
 }
 
-/// Fields each event type has, bit per field; `required` must all be present.
-struct Shape {
-    fields: &'static [&'static str],
-    required: u32,
+/// A field of an event type as its bit (`None`: not a field of that type); the required ones are
+/// `STORED_REQUIRED` / `REMOVED_REQUIRED`. A match, not a table scan: this runs per field per event.
+fn field_bit(kind: u8, key: &str) -> Option<u32> {
+    Some(match (kind, key) {
+        (STORED | REMOVED, "block_hashes") => 0,
+        (STORED | REMOVED, "medium") => 1,
+        (STORED | REMOVED, "group_idx") => 2,
+        (STORED | REMOVED, "locality") => 3,
+        (STORED | REMOVED, "ownership") => 4,
+        (STORED, "parent_block_hash") => 5,
+        (STORED, "token_ids") => 6,
+        (STORED, "block_size") => 7,
+        (STORED, "lora_id") => 8,
+        (STORED, "lora_name") => 9,
+        (STORED, "extra_keys") => 10,
+        (STORED, "kv_cache_spec_kind") => 11,
+        (STORED, "kv_cache_spec_sliding_window") => 12,
+        (STORED, "session_id") => 13,
+        (STORED, "lookahead_token_ids") => 14,
+        _ => return None,
+    })
 }
 
-const STORED_SHAPE: Shape = Shape {
-    fields: &[
-        "block_hashes",
-        "parent_block_hash",
-        "token_ids",
-        "block_size",
-        "lora_id",
-        "medium",
-        "lora_name",
-        "extra_keys",
-        "group_idx",
-        "kv_cache_spec_kind",
-        "kv_cache_spec_sliding_window",
-        "locality",
-        "ownership",
-        "session_id",
-        "lookahead_token_ids",
-    ],
-    required: 0b111_1111,
-};
-
-const REMOVED_SHAPE: Shape = Shape {
-    fields: &["block_hashes", "medium", "group_idx", "locality", "ownership"],
-    required: 0b11,
-};
+const REMOVED_REQUIRED: u32 = 0b11; // block_hashes, medium
+const STORED_REQUIRED: u32 = 0b11 | 0b1_1111 << 5; // and parent_block_hash .. lora_name
 
 fn event(rd: &mut Rd, keys: &mut Vec<u64>, media: &mut Vec<String>) -> Option<Ev> {
     if !matches!(peek(rd)?, Marker::FixMap(_) | Marker::Map16 | Marker::Map32) {
@@ -215,10 +209,10 @@ fn event(rd: &mut Rd, keys: &mut Vec<u64>, media: &mut Vec<String>) -> Option<Ev
         "AllBlocksCleared" => CLEARED,
         _ => return None,
     };
-    let shape = match kind {
-        STORED => Some(&STORED_SHAPE),
-        REMOVED => Some(&REMOVED_SHAPE),
-        _ => None,
+    let required = match kind {
+        STORED => STORED_REQUIRED,
+        REMOVED => REMOVED_REQUIRED,
+        _ => 0,
     };
     let start = keys.len();
     let mut seen = 0u32;
@@ -226,7 +220,7 @@ fn event(rd: &mut Rd, keys: &mut Vec<u64>, media: &mut Vec<String>) -> Option<Ev
     let mut medium = NO_MEDIUM;
     for _ in 1..n {
         let k = string(rd)?;
-        let bit = shape?.fields.iter().position(|&f| f == k)?;
+        let bit = field_bit(kind, k)?;
         if seen & (1 << bit) != 0 {
             return None; // a repeated key
         }
@@ -284,12 +278,8 @@ fn event(rd: &mut Rd, keys: &mut Vec<u64>, media: &mut Vec<String>) -> Option<Ev
             _ => return None,
         }
     }
-    if let Some(shape) = shape {
-        if seen & shape.required != shape.required {
-            return None;
-        }
-    } else if n != 1 {
-        return None; // AllBlocksCleared has no fields
+    if seen & required != required || (kind == CLEARED && n != 1) {
+        return None; // a required field missing; AllBlocksCleared has none
     }
     Some(Ev {
         kind,
