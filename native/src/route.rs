@@ -8,7 +8,8 @@
 //! and medium (`store::SlotMeta`) put a bit into that node's per-group bitsets (any medium, GPU,
 //! and per other medium). Nodes holding nothing cost nothing here.
 
-use std::collections::HashMap;
+use foldhash::fast::RandomState;
+use hashbrown::HashMap;
 
 use crate::hit::{find_hit, Held, Layout};
 use crate::store::Store;
@@ -120,7 +121,10 @@ pub fn route_cohort(
     }
     let lens: Vec<usize> = lists.iter().map(|(_, keys)| keys.len()).collect();
     let words: Vec<usize> = lens.iter().map(|l| l.div_ceil(64).max(1)).collect();
-    let by_owner: HashMap<u32, usize> = members.iter().enumerate().map(|(i, m)| (m.owner, i)).collect();
+    // looked up once per (position, holder): a fast hasher (owner keys are ours, not the network's)
+    let mut by_owner: HashMap<u32, usize, RandomState> =
+        HashMap::with_capacity_and_hasher(members.len(), RandomState::default());
+    by_owner.extend(members.iter().enumerate().map(|(i, m)| (m.owner, i)));
     let mut touched: Vec<Option<Box<Touch>>> = (0..members.len()).map(|_| None).collect();
     for (k, (group, keys)) in lists.iter().enumerate() {
         store.for_each_held(*group, keys, |sid, i| {

@@ -30,7 +30,10 @@ from processors.router.bench_dynamo import MISSING as DYNAMO_MISSING
 from processors.router.bench_dynamo import build as build_dynamo
 from processors.router.bench_dynamo import find as find_dynamo
 from processors.router.bench_dynamo import load as load_dynamo
-from processors.router.decide import route
+from processors.router.cohort import cohort_hits
+from processors.router.decide import route, token_cohorts
+from processors.router.hashing import PromptHasher
+from processors.router.plan import plan
 from processors.router.hits import HitSearch, native_available
 from processors.router.model import RouteAnswer, RouteRequest
 from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
@@ -166,6 +169,7 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     tree = build_dynamo(radix, envelopes) if radix is not None else None
     fa_hasher = hasher_from_config(CONFIGS[0])
     dyn: list[float] = []
+    cohort_calls: list[float] = []  # the native cohort call(s) alone: every node's hits, nothing else
     hits = []
     for r, tokens in enumerate(prompts(docs, requests, rng)):
         decided = {}
@@ -181,6 +185,13 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
             if _rows(decided[e]) != _rows(first):
                 raise RuntimeError(f"request {r}: the {e} hit search answered differently from {engines[0]}")
         hits.append(first.nodes[0].gpu_tokens + first.nodes[0].loadable_tokens if first.nodes else 0)
+        if "native" in searches:
+            req = RouteRequest(token_ids=tokens)
+            cohorts = token_cohorts(plan(index, None), PromptHasher(tokens), [])
+            t = time.perf_counter()
+            for lists, members in cohorts.values():
+                cohort_hits(index, searches["native"], lists, members, req, len(tokens), None)
+            cohort_calls.append(time.perf_counter() - t)
         if tree is not None:
             fa = [external_hash(h, CONFIGS[0].int_hashes)
                   for h in hash_request_blocks(fa_hasher, tokens, CONFIGS[0].hash_block_size)]
@@ -200,6 +211,8 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     }
     if store_cmp is not None:
         out["stores"] = store_cmp
+    if cohort_calls:
+        out["native_cohort_call"] = summary(cohort_calls)
     if len(engines) > 1:
         out["search_p50_python_over_native"] = round(
             out["engines"]["python"]["search"]["p50_us"] / max(out["engines"]["native"]["search"]["p50_us"], 0.1), 2)
@@ -208,6 +221,9 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
         out["dynamo_radix_tree"] = {"find_matches": d, "semantics": "one group (full attention), prefix, no media",
                                     "ratio_dynamo_p50_over_ours_search_p50":
                                         round(d["p50_us"] / max(out["search"]["p50_us"], 0.1), 4)}
+        if cohort_calls:
+            out["dynamo_radix_tree"]["ratio_dynamo_p50_over_native_cohort_call_p50"] = round(
+                d["p50_us"] / max(out["native_cohort_call"]["p50_us"], 0.1), 4)
     else:
         out["dynamo_radix_tree"] = {"missing": DYNAMO_MISSING if dynamo else "skipped (--no-dynamo)"}
     return out

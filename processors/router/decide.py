@@ -110,7 +110,7 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
     hasher = PromptHasher(checked.token_ids, checked.keys) if checked.token_ids is not None else None
     if hasher is not None:
         no_signal.extend(planned.config_problems)
-        cohorts = _token_cohorts(planned, hasher, no_signal)
+        cohorts = token_cohorts(planned, hasher, no_signal)
     else:
         cohorts = _hash_cohorts(eligible, checked, no_signal)
     t_search = time.perf_counter()
@@ -300,7 +300,7 @@ def _default_search() -> HitSearch:
 Cohorts = dict[tuple, tuple[Lists, list[tuple[NodeState, NodeModel]]]]
 
 
-def _token_cohorts(planned: Plan, hasher: PromptHasher, no_signal: list[NoSignal]) -> Cohorts:
+def token_cohorts(planned: Plan, hasher: PromptHasher, no_signal: list[NoSignal]) -> Cohorts:
     """The plan's cohorts with this prompt's hash lists: hashed once per configuration."""
     cohorts: Cohorts = {}
     for per in planned.by_config.values():
