@@ -103,7 +103,7 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
     from processors.analytics.derive import GC_THRESHOLDS, message_rows
     from processors.analytics.migrations import apply_migrations
     from processors.analytics.restores import RESTORE_COLUMNS, RestoreTracker, restore_columns
-    from processors.analytics.rows import EventColumns
+    from processors.analytics.rows import LOAD_COLUMNS, EventColumns, load_columns
 
     client = clickhouse_connect.get_client(dsn=dsn)
     thresholds = gc.get_threshold()
@@ -113,7 +113,7 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
         apply_migrations(client)
         index = Index(ttl_s=None)
         ingest, tracker = Ingest(index, max_bytes), RestoreTracker() if capacity else None
-        events, lifetimes, restores = EventColumns(), [], []
+        events, lifetimes, restores, loads = EventColumns(), [], [], []
         written_restores = 0
 
         def insert(table: str, rows, columns, convert, final: bool) -> None:
@@ -127,18 +127,20 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
         for n, r in enumerate(records, 1):
             record_ts = r.timestamp if r.timestamp_type == 1 else None
             result = ingest.handle(r.value, r.headers, r.partition, r.offset, time.time(), record_ts)
-            ev, lt, rs = message_rows(result, r.partition, r.offset, index, tracker, time.time())
+            ev, lt, rs, ld = message_rows(result, r.partition, r.offset, index, tracker, time.time())
             if len(ev):
                 events.extend(ev)
             if lt:
                 number_copies(lt)  # per message, as the sink's writer does
                 lifetimes.extend(lt)
             restores.extend(rs)
+            loads.extend(ld)
             written_restores += len(rs)
             final = n == len(records)
             for table, rows, columns, convert in (("kv_events", events, EVENT_COLUMNS, lambda c: c),
                                                   ("kv_block_lifetimes", lifetimes, LIFETIME_COLUMNS, lifetime_columns),
-                                                  ("kv_restores", restores, RESTORE_COLUMNS, restore_columns)):
+                                                  ("kv_restores", restores, RESTORE_COLUMNS, restore_columns),
+                                                  ("kv_node_load", loads, LOAD_COLUMNS, load_columns)):
                 if final or len(rows) >= batch:
                     insert(table, rows, columns, convert, final)
         return time.perf_counter() - started, written_restores
