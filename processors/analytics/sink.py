@@ -229,6 +229,15 @@ class AnalyticsSink:
                 columns, types = [r[0] for r in shape.result_rows], [r[1] for r in shape.result_rows]
         return {"columns": columns, "types": types, "rows": [list(r) for r in result.result_rows]}
 
+    def read_columns(self, sql: str, parameters: dict | None = None) -> dict[str, list]:
+        """kvpipe's own read, by column (not analyst SQL: no guard, no analyst limits; `readonly=1` still).
+        The app rebuilds state from its rows with it (`restore_state`). Blocking, like `query`."""
+        with self._client_lock:
+            if self._client is None:
+                self._client = clickhouse_connect.get_client(dsn=self.dsn)
+            result = self._client.query(sql, parameters=parameters, settings={"readonly": 1})
+            return dict(zip(result.column_names, result.result_columns))
+
     # --- writer thread --------------------------------------------------------------------------
 
     def _run(self) -> None:
