@@ -14,8 +14,9 @@ In one run, on a fresh topic pre-filled with N envelopes of E events each:
   (`processors.analytics.bench_queries.saved_query_latency`, reported "missing" if absent);
 - capacity: the re-store tracker (LRU stack distances, `restores.RestoreTracker`, what the capacity curve
   is computed from) over `--capacity-events` events of the demo-like workload (`workload.serving_steps`),
-  timed apart from generating and applying them; and the HTML report's generation time on a store filled
-  from that workload (`--report-steps` steps). `--capacity-only` runs just this part (no Kafka).
+  timed apart from generating and applying them; the HTML report's generation time on a store filled
+  from that workload (`--report-steps` steps), and the tracker's rebuild from that store (what a restarted
+  worker runs on assignment, `restore_state`). `--capacity-only` runs just this part (no Kafka).
 - baseline_pipeline: the same messages through the app's own per-message path in one thread, no
   Kafka, Faust or writer thread (`pipeline_insert`: decode + index apply + rows + re-store tracking +
   the same conversions and inserts), rows/s over the same row count — what the app could reach if
@@ -245,6 +246,7 @@ def queries_part(rows: int | None) -> dict | str | None:
 def capacity_part(events: int, report_steps: int) -> dict:
     """Tracker time per event and block on the workload, and report generation time (see the module doc)."""
     from processors.analytics.report import build_report
+    from processors.analytics.restore_state import query_state, restore_info
     from processors.analytics.restores import RestoreTracker
     from processors.analytics.sink import AnalyticsSink
     from processors.analytics.workload import KINDS, fill_store, serving_steps
@@ -269,11 +271,16 @@ def capacity_part(events: int, report_steps: int) -> dict:
         started = time.perf_counter()
         build_report(sink, tmp / "report.html")
         report_s = time.perf_counter() - started
+        # what a restarted worker does on assignment: the tracker rebuilt from that store (one partition, all of it)
+        started = time.perf_counter()
+        state = query_state(sink.read_columns, {0: report_steps - 1}, tracker.max_keys)
+        rebuild_s = time.perf_counter() - started
     finally:
         sink.close()
     return {"events": seen, "stored_blocks": blocks, "restores": tracker.restores, "tracker_s": round(tracker_s, 2),
             "tracker_us_per_stored_block": round(1e6 * tracker_s / max(1, blocks), 3),
-            "report_s": round(report_s, 2), "report_store_rows": rows}
+            "report_s": round(report_s, 2), "report_store_rows": rows,
+            "tracker_rebuild_s": round(rebuild_s, 3), "tracker_rebuild": restore_info(state)}
 
 
 def run(argv: list[str]) -> dict:

@@ -9,7 +9,8 @@ then the median of three. The target is under a second each.
 The synthetic fleet: 8 nodes, one epoch, two KV cache groups (0 full attention, 1 sliding window), GPU and CPU
 media, a day of traffic. Each stored event carries 1..16 blocks (8.5 on average) drawn from a pool of recurring
 prefixes, so removed hashes are stored again later (reuse distance has matches); lifetimes are exponential, short
-for the sliding-window group, 95 % evicted, 4 % cleared, 1 % node_expired. Rows arrive in several parts per
+for the sliding-window group, 95 % evicted, 4 % cleared, 1 % node_expired; each node reports its load once a
+second (`kv_node_load`, 691,200 rows, whatever `rows` is). Rows arrive in several parts per
 partition; timing starts once background merges have stopped (`settle`), with the parts they left (FINAL still
 has work to do, as in a store that ingests continuously).
 
@@ -120,8 +121,23 @@ def fill(client: Any, rows: int) -> dict:
             toUInt32(0) AS event_idx
         FROM (SELECT number AS n FROM numbers({rows}))
         SETTINGS max_memory_usage = 0""")
+    # load reports: every node once a second for the day (NULL kv_usage now and then: a report may leave it out)
+    client.command(f"""
+        INSERT INTO kv_node_load (ts, node_id, epoch, seq, running, waiting, kv_usage, kafka_partition, kafka_offset)
+        SELECT
+            toDateTime64({BASE_TS} + intDiv(j, {NODES}) + 0.5, 6, 'UTC') AS ts,
+            concat('node-', toString(j % {NODES})) AS node_id,
+            toUInt64(1) AS epoch,
+            intDiv(j, {NODES}) AS seq,
+            toUInt32(cityHash64(j, 5) % 64) AS running,
+            toUInt32(cityHash64(j, 6) % 16) AS waiting,
+            if(j % 97 = 0, NULL, (cityHash64(j, 7) % 1000) / 1000) AS kv_usage,
+            toUInt32(j % 8) AS kafka_partition,
+            intDiv(j, 8) AS kafka_offset
+        FROM (SELECT number AS j FROM numbers({DAY_S * NODES}))
+        SETTINGS max_memory_usage = 0""")
     counts = {t: int(client.query(f"SELECT count() FROM {t}").result_rows[0][0])
-              for t in ("kv_block_lifetimes", "kv_events", "kv_restores")}
+              for t in ("kv_block_lifetimes", "kv_events", "kv_restores", "kv_node_load")}
     return counts
 
 
@@ -137,7 +153,8 @@ def settle(client: Any, timeout_s: float = 180.0) -> dict:
             break
         time.sleep(1.0)
     rows = client.query("SELECT table, count() FROM system.parts WHERE active AND database = currentDatabase() "
-                        "AND table IN ('kv_events', 'kv_block_lifetimes', 'kv_restores') GROUP BY table").result_rows
+                        "AND table IN ('kv_events', 'kv_block_lifetimes', 'kv_restores', 'kv_node_load') GROUP BY table"
+                        ).result_rows
     return {str(t): int(n) for t, n in rows}
 
 
