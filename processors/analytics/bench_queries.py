@@ -4,7 +4,8 @@
 block lifetimes and the KV events they imply, generated inside the engine by `INSERT ... SELECT FROM numbers()`
 (this is the benchmark's own trusted path, not analyst SQL: it writes, and uses a table function), then times
 every query in infra/clickhouse/queries/ through `AnalystQueries` with the default `QueryLimits`: one warm-up,
-then the median of three. The target is under a second each.
+then the median of three. The target is under a second each. Also the re-store tracker's rebuild from the store
+(`tracker_rebuild`: the app's own query on assignment, not an analyst one).
 
 The synthetic fleet: 8 nodes, one epoch, two KV cache groups (0 full attention, 1 sliding window), GPU and CPU
 media, a day of traffic. Each stored event carries 1..16 blocks (8.5 on average) drawn from a pool of recurring
@@ -158,6 +159,27 @@ def settle(client: Any, timeout_s: float = 180.0) -> dict:
     return {str(t): int(n) for t, n in rows}
 
 
+def tracker_rebuild(client: Any) -> dict:
+    """Seconds to rebuild the re-store tracker of every partition from this store (what a restarted worker owning
+    them all runs on assignment: `restore_state`), split into the query and the rebuilding in Python."""
+    from processors.analytics.restore_state import build_slots, restore_info, STATE_SQL
+    from processors.analytics.restores import RestoreTracker
+
+    ends = dict(client.query("SELECT kafka_partition, max(kafka_offset) FROM kv_events GROUP BY kafka_partition")
+                .result_rows)
+    parts = sorted(ends)
+    max_keys = RestoreTracker().max_keys
+    started = time.perf_counter()
+    result = client.query(STATE_SQL, parameters={"partitions": parts, "offsets": [ends[p] for p in parts],
+                                                 "max_keys": max_keys}, settings={"readonly": 1})
+    columns = dict(zip(result.column_names, result.result_columns))
+    query_s = time.perf_counter() - started
+    started = time.perf_counter()
+    state = build_slots(columns, max_keys)
+    build_s = time.perf_counter() - started
+    return {"query_s": round(query_s, 2), "build_s": round(build_s, 2), **restore_info(state)}
+
+
 def _time_query(queries: AnalystQueries, request: SqlRequest, repeats: int = 3) -> tuple[list[float], int | str]:
     async def once() -> dict:
         return await queries.execute(request)
@@ -206,6 +228,7 @@ def saved_query_latency(rows: int = 10_000_000, dsn: str | None = None) -> dict:
                 "meets_target": median is not None and median < TARGET_S,
             }
         queries.close()
+        out["tracker_rebuild"] = tracker_rebuild(client)
         return out
     finally:
         client.close()

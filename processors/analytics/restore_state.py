@@ -30,15 +30,15 @@ from processors.analytics.restores import RestoreTracker, Slot, SlotKey
 from processors.analytics.stackdist import StackDistance
 from processors.index import GPU, Index
 
-# Positions order the stores and ends of one node like the live tracker saw them: (Kafka offset, event index,
-# hash index in the event). A lifetime ended "before the message's events" has event_idx -1, stored as 2^32-1
-# (rows.lifetime_columns): a new epoch's clear or a resync comes before the events of its message (-1), a node
-# expiry is attributed to the node's last applied message and comes after its events (2^32).
+# Positions order the stores and ends of one node like the live tracker saw them: Kafka offset, then event index,
+# then the hash's index in the event, packed in one Int128 (offset * 2^56 + event * 2^32 + hash; a message holds
+# fewer than 2^24 events, at most 8 MiB, and an event fewer than 2^32 hashes) — one number aggregates much faster
+# than a tuple. The event slot is the index + 1, so that a lifetime ended "before the message's events" (event_idx
+# -1, stored as 2^32-1 by rows.lifetime_columns: a new epoch's clear, a resync) sorts first (0), and a node expiry,
+# attributed to the node's last applied message but coming after its events, sorts last (2^24 - 1).
 STATE_SQL = """
 SELECT kafka_partition, node_id, group_idx, medium, block_hash,
-    countIf(is_store) > 0 AS was_stored,
     maxIf(at, is_store) AS stored_at,
-    countIf(NOT is_store) > 0 AS has_end,
     maxIf(at, NOT is_store) AS ended_at,
     argMaxIf(removed_us, at, NOT is_store) AS removed_us,
     argMaxIf(end_reason, at, NOT is_store) AS end_reason
@@ -46,17 +46,17 @@ FROM
 (
     SELECT kafka_partition, node_id, if(group_idx < 0, 0, group_idx) AS group_idx,
         if(medium = '', '{gpu}', medium) AS medium, h AS block_hash,
-        (toInt64(kafka_offset), toInt64(event_idx), toInt64(i)) AS at, 1 AS is_store,
-        toInt64(0) AS removed_us, '' AS end_reason
+        toInt128(kafka_offset) * 72057594037927936 + toInt128(event_idx + 1) * 4294967296 + i AS at,
+        1 AS is_store, toInt64(0) AS removed_us, '' AS end_reason
     FROM kv_events
     ARRAY JOIN block_hashes AS h, arrayEnumerate(block_hashes) AS i
     WHERE kind = 'stored' AND has({{partitions:Array(UInt32)}}, kafka_partition)
         AND kafka_offset <= {{offsets:Array(UInt64)}}[indexOf({{partitions:Array(UInt32)}}, kafka_partition)]
     UNION ALL
     SELECT kafka_partition, node_id, group_idx, medium, block_hash,
-        (toInt64(kafka_offset),
-         if(event_idx = 4294967295, if(reason = 'node_expired', toInt64(4294967296), toInt64(-1)), toInt64(event_idx)),
-         toInt64(0)) AS at,
+        toInt128(kafka_offset) * 72057594037927936
+            + toInt128(if(event_idx = 4294967295, if(reason = 'node_expired', 16777215, 0), event_idx + 1)) * 4294967296
+            AS at,
         0 AS is_store, toUnixTimestamp64Micro(removed_ts) AS removed_us,
         if(end_reason = '', reason, end_reason) AS end_reason
     FROM kv_block_lifetimes
@@ -64,14 +64,16 @@ FROM
         AND kafka_offset <= {{offsets:Array(UInt64)}}[indexOf({{partitions:Array(UInt32)}}, kafka_partition)]
 )
 GROUP BY kafka_partition, node_id, group_idx, medium, block_hash
-HAVING was_stored
+HAVING stored_at > 0
 ORDER BY stored_at DESC
 LIMIT {{max_keys:UInt64}} BY kafka_partition, node_id, group_idx, medium
 """.format(gpu=GPU)
 # Not FINAL: a replayed copy of a row has the same position and values, so max/argMax read it the same way.
+# maxIf over no row is 0, and a store's position is > 0 (its event slot is >= 1): `stored_at > 0` keeps hashes
+# stored at least once, `ended_at > stored_at` those whose last lifetime ended after their last store.
 
-STATE_COLUMNS = ("kafka_partition", "node_id", "group_idx", "medium", "block_hash", "was_stored", "stored_at",
-                 "has_end", "ended_at", "removed_us", "end_reason")
+STATE_COLUMNS = ("kafka_partition", "node_id", "group_idx", "medium", "block_hash", "stored_at", "ended_at",
+                 "removed_us", "end_reason")
 
 
 def build_slots(columns: dict[str, list], max_keys: int) -> dict[int, dict[SlotKey, Slot]]:
@@ -82,7 +84,7 @@ def build_slots(columns: dict[str, list], max_keys: int) -> dict[int, dict[SlotK
     per_slot: dict[tuple[int, SlotKey], tuple[list, dict]] = {}
     part, node, group, medium, hashes = (columns[c] for c in ("kafka_partition", "node_id", "group_idx", "medium",
                                                               "block_hash"))
-    stored_at, has_end, ended_at = columns["stored_at"], columns["has_end"], columns["ended_at"]
+    stored_at, ended_at = columns["stored_at"], columns["ended_at"]
     removed_us, reason = columns["removed_us"], columns["end_reason"]
     for i in order:
         key = (int(part[i]), (node[i], int(group[i]), medium[i]))
@@ -91,7 +93,7 @@ def build_slots(columns: dict[str, list], max_keys: int) -> dict[int, dict[SlotK
             entry = per_slot[key] = ([], {})
         h = int(hashes[i])
         entry[0].append(h)
-        if has_end[i] and tuple(ended_at[i]) > tuple(stored_at[i]):  # its last lifetime ended after its last store
+        if ended_at[i] > stored_at[i]:  # its last lifetime ended after its last store
             entry[1][h] = (removed_us[i] / 1_000_000, reason[i])
     out: dict[int, dict[SlotKey, Slot]] = {}
     for (p, key), (keys, ended) in per_slot.items():

@@ -99,13 +99,22 @@ class Slot:
     """One (node, group, medium): its store stack, the hashes whose last lifetime there ended, and how many
     blocks it holds. `partition`: the events partition of the node (whose owner keeps this state)."""
 
-    __slots__ = ("stack", "ended", "held", "partition")
+    __slots__ = ("stack", "ended", "held", "partition", "prune_at")
 
     def __init__(self, max_keys: int, partition: int = -1, stack: StackDistance | None = None) -> None:
         self.stack = stack if stack is not None else StackDistance(max_keys)
         self.ended: dict[int, tuple[float, str]] = {}  # hash → (removed_ts, reason) of its last lifetime
         self.held = 0
         self.partition = partition
+        self.prune_at = 1024  # `ended` size that triggers dropping the hashes the stack forgot (see _end)
+
+    def prune(self) -> None:
+        last = self.stack._last  # noqa: SLF001
+        ended = self.ended
+        for h in [h for h in ended if h not in last]:
+            del ended[h]
+        # each prune removes half of `ended` or doubles the threshold: amortised O(1) per end
+        self.prune_at = 2 * max(len(last), len(ended)) + 1024
 
 
 SlotKey = tuple[str, int, str]  # (node, group, medium)
@@ -136,13 +145,11 @@ class RestoreTracker:
         slot = self.slots.get((lt.node_id, lt.group_idx, lt.medium))
         if slot is None:  # never stored here (a removal the index did not know): nothing to come back to
             return
-        last = slot.stack._last  # noqa: SLF001 - hot path: a dict probe, not a method call
-        if lt.block_hash in last:
+        if lt.block_hash in slot.stack._last:  # noqa: SLF001 - hot path: a dict probe, not a method call
             ended = slot.ended
             ended[lt.block_hash] = (lt.removed_ts, lt.end_reason or lt.reason)
-            if len(ended) > 2 * len(last) + 1024:  # hashes the stack forgot since: amortised O(1) per end
-                for h in [h for h in ended if h not in last]:
-                    del ended[h]
+            if len(ended) > slot.prune_at:  # the stack forgets past its bound; so does `ended`
+                slot.prune()
         if slot.held:
             slot.held -= 1
 

@@ -24,6 +24,8 @@ class AnalyticsDurability(Durability):
         self.tracker = tracker
 
     async def _restore_one(self, consumer, p: int) -> None:
+        # Durability._restore_one is where a partition's slice is replaced; tests/integration/
+        # test_capacity_restart.py fails if this stops being called there
         if self.tracker is not None:
             self.tracker.forget_partition(p)
         await super()._restore_one(consumer, p)
