@@ -15,7 +15,9 @@ second (`kv_node_load`, 691,200 rows, whatever `rows` is). Rows arrive in severa
 partition; timing starts once background merges have stopped (`settle`), with the parts they left (FINAL still
 has work to do, as in a store that ingests continuously).
 
-Run: `python -c "from processors.analytics.bench_queries import main; main()" [rows]`.
+Run: `python -c "from processors.analytics.bench_queries import main; main()" [rows]`; `main(["--fill", DSN, rows])`
+keeps a filled store, `main(["--compare", DSN, "--rounds", N, FILE, ...])` times query files on it in turn (old SQL
+against new, back to back).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import clickhouse_connect
 
 from processors.analytics.migrations import apply_migrations
 from processors.analytics.query import AnalystQueries, QueryLimits, SqlRequest, client_runner
-from processors.analytics.saved import list_queries
+from processors.analytics.saved import SavedQuery, list_queries, load_query
 
 TARGET_S = 1.0
 BASE_TS = 1_767_225_600  # 2026-01-01 00:00:00 UTC
@@ -196,6 +198,47 @@ def _time_query(queries: AnalystQueries, request: SqlRequest, repeats: int = 3) 
     return times, len(result["rows"])
 
 
+def _timing(queries: AnalystQueries, saved: SavedQuery) -> dict:
+    times, result_rows = _time_query(queries, SqlRequest(sql=saved.sql, params=saved.bind()))
+    median = statistics.median(times) if times else None
+    return {
+        "median_s": round(median, 4) if median is not None else None,
+        "runs_s": [round(t, 4) for t in times],
+        "rows": result_rows if isinstance(result_rows, int) else None,
+        "error": result_rows if isinstance(result_rows, str) else None,
+        "meets_target": median is not None and median < TARGET_S,
+    }
+
+
+def compare_files(dsn: str, files: list[str], rounds: int = 2) -> dict:
+    """Time query files (a saved query's format: header comments, `{name:Type}` parameters with defaults) on an
+    existing store, in turn for `rounds` rounds — e.g. a saved query's old text against its new one, back to back
+    on the same store. The store is read only."""
+    from pathlib import Path
+
+    client = clickhouse_connect.get_client(dsn=dsn)
+    try:
+        queries = AnalystQueries(client_runner(client), QueryLimits())
+        out: dict[str, list] = {f: [] for f in files}
+        for _ in range(rounds):
+            for f in files:
+                out[f].append(_timing(queries, load_query(Path(f).stem, Path(f).resolve().parent)))
+        queries.close()
+        return out
+    finally:
+        client.close()
+
+
+def fill_store(dsn: str, rows: int) -> dict:
+    """Fill a store (a throwaway: it must not be kvpipe's own) as `saved_query_latency` does, and keep it."""
+    client = clickhouse_connect.get_client(dsn=dsn)
+    try:
+        apply_migrations(client)
+        return {"rows": fill(client, rows), "parts": settle(client)}
+    finally:
+        client.close()
+
+
 def saved_query_latency(rows: int = 10_000_000, dsn: str | None = None) -> dict:
     """Per saved query: median seconds of 3 (after a warm-up), result rows, and whether it meets TARGET_S.
 
@@ -217,16 +260,7 @@ def saved_query_latency(rows: int = 10_000_000, dsn: str | None = None) -> dict:
         out: dict[str, Any] = {"rows": counts, "fill_s": round(fill_s, 2), "parts": parts, "target_s": TARGET_S,
                                "limits": limits.engine_settings(), "queries": {}}
         for saved in list_queries():
-            request = SqlRequest(sql=saved.sql, params=saved.bind())
-            times, result_rows = _time_query(queries, request)
-            median = statistics.median(times) if times else None
-            out["queries"][saved.name] = {
-                "median_s": round(median, 4) if median is not None else None,
-                "runs_s": [round(t, 4) for t in times],
-                "rows": result_rows if isinstance(result_rows, int) else None,
-                "error": result_rows if isinstance(result_rows, str) else None,
-                "meets_target": median is not None and median < TARGET_S,
-            }
+            out["queries"][saved.name] = _timing(queries, saved)
         queries.close()
         out["tracker_rebuild"] = tracker_rebuild(client)
         return out
@@ -237,11 +271,19 @@ def saved_query_latency(rows: int = 10_000_000, dsn: str | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`[rows]`: fill a temp store and time every saved query (and the tracker rebuild);
+    `--fill DSN rows`: fill a throwaway store and keep it; `--compare DSN [--rounds N] FILE...`: time query files
+    on it in turn (2 rounds unless told)."""
     import json
 
     args = sys.argv[1:] if argv is None else argv
-    rows = int(args[0]) if args else 10_000_000
-    print(json.dumps(saved_query_latency(rows), indent=2))
+    if args[:1] == ["--fill"]:
+        print(json.dumps(fill_store(args[1], int(args[2])), indent=2))
+    elif args[:1] == ["--compare"]:
+        rounds, files = (int(args[3]), args[4:]) if args[2:3] == ["--rounds"] else (2, args[2:])
+        print(json.dumps(compare_files(args[1], files, rounds), indent=2))
+    else:
+        print(json.dumps(saved_query_latency(int(args[0]) if args else 10_000_000), indent=2))
 
 
 if __name__ == "__main__":

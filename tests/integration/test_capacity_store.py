@@ -140,3 +140,23 @@ def test_cpu_tier_hits_equal_a_walk_over_the_workload_events(store):
     got = {(r["node_id"], r["group_idx"]): [r["gpu_stores"], r["from_cpu"], r["tokens_from_cpu"]]
            for r in records(sink, "cpu_tier_hits")}
     assert got == dict(expected) and sum(v[1] for v in got.values()) > 100
+
+
+def test_capacity_curve_tokens_follow_each_re_store_block_size_when_they_differ(store):
+    """Tokens saved are hits x block size; a slot whose rows carry different block sizes (an unknown size is 0)
+    sums each hit's own size."""
+    from processors.analytics.restores import RestoreRow
+
+    sink, _ = store
+    rows = [RestoreRow("mixed", 1, 0, "full_attention", "GPU", 1000 + i, (16, 32, 0)[i % 3], 1.0, 2.0, "evicted",
+                       d, 9, 0, 900_000 + i, 0) for i, d in enumerate([0, 3, 5, 8, 12, 15, 20, 30, 40])]
+    uniform = [RestoreRow("uniform", 1, 0, "full_attention", "GPU", 1000 + i, 16, 1.0, 2.0, "evicted", d, 9, 0,
+                          910_000 + i, 0) for i, d in enumerate([0, 3, 5, 8, 12, 15, 20, 30, 40])]
+    sink.submit([], [], rows + uniform)
+    assert sink.flush(30)
+    for node, group in (("mixed", rows), ("uniform", uniform)):
+        curve = records(sink, "capacity_curve", node=node, extra="-0.5,0,1,4")
+        assert [r["cache_blocks"] for r in curve] == [5, 10, 20, 50]
+        for r in curve:
+            hit = [x for x in group if x.stack_distance < r["cache_blocks"]]
+            assert (r["hits"], r["tokens_saved"]) == (len(hit), sum(x.block_size for x in hit)), (node, r)
