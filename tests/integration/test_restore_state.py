@@ -15,7 +15,7 @@ from processors.analytics.derive import end_lifetimes, message_rows
 from processors.analytics.restores import RestoreTracker
 from processors.analytics.sink import AnalyticsSink
 from processors.analytics.workload import serving_steps
-from processors.index import APPLIED, Index
+from processors.index import Index
 from processors.ingest import Result
 
 pytestmark = pytest.mark.integration
