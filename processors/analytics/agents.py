@@ -1,7 +1,8 @@
 """The analytics agent and timers: short loops over `ingest`, `index`, `rows` and the sink.
 
 Progress rule: a snapshot claims an events offset only after the store acknowledged every row up
-to it. The agent awaits room in the sink *before* taking a message, then applies it and submits its
+to it. (So the rows up to a restored snapshot's offset are all in the store: the re-store tracker is
+rebuilt from them when a partition is assigned, `ensure_tracker`.) The agent awaits room in the sink *before* taking a message, then applies it and submits its
 rows in the same event-loop turn (nothing awaits between the two). So whenever a snapshot takes
 its slice of the index, the rows of every message in that slice are already submitted, and the
 snapshot's flush (`sink.flush`) waits for exactly those; if the store does not acknowledge them in
@@ -15,7 +16,7 @@ import logging
 import time
 
 from processors import rebalance
-from processors.analytics import derive
+from processors.analytics import derive, restore_state
 from processors.analytics.app import app, events_topic, settings, snapshot_topic
 from processors.analytics.derive import message_rows
 from processors.analytics.state import runtime
@@ -41,6 +42,12 @@ async def derive_rows(stream) -> None:
     sink = runtime.sink
     async for _ in stream:
         msg = stream.current_event.message
+        if runtime.restores is not None and msg.partition not in runtime.restores.loaded:
+            # the rebalance hook could not rebuild it (the store refused): nothing of the partition is
+            # applied before it is, or its re-stores of blocks ended before the snapshot would be missed
+            await ensure_tracker_retrying(msg.partition)
+            if stale_after_wait(msg.partition, msg.offset):
+                continue
         if not sink.has_room():  # the store is behind: stop taking input until it catches up
             _log_rate_limited("room", logging.WARNING, "analytics: %d rows wait for the store (%s: %s); "
                               "consumption paused", sink.counters()["unwritten_rows"],
@@ -96,6 +103,8 @@ def end_lifetimes(env, lifetimes: list) -> None:
 async def expire_silent_nodes() -> None:
     now = time.time()
     for p in list(runtime.ingest.applied_offset):
+        if runtime.restores is not None and p not in runtime.restores.loaded:
+            continue  # restored, tracker not rebuilt yet: its ends would be lost to it (see ensure_tracker)
         closed = runtime.index.expire(partition_now(p, now), settings.node_ttl_s, partition=p)
         if closed:
             end_lifetimes(None, closed)
@@ -149,6 +158,74 @@ async def _snapshot_revoked(partitions: list[int]) -> None:
 
 
 rebalance.connect(app, runtime.durability, runtime.ingest, settings.events_topic, _snapshot_revoked)
+
+
+# -- the re-store tracker across restarts and rebalances ------------------------------------------------
+# Not in the snapshots: rebuilt from the store for the restored offset (processors/analytics/restore_state.py
+# says why). Restoring a partition drops its tracker state (state.AnalyticsDurability); the rebuild runs in
+# on_rebalance_complete, which Faust awaits before the streams resume, and the agent retries it before a
+# partition's first message if the store refused then.
+
+_tracker_lock = asyncio.Lock()
+
+
+async def ensure_tracker(partitions: list[int]) -> None:
+    """Rebuild the tracker of these partitions (those restored and not rebuilt yet) from the store."""
+    tracker = runtime.restores
+    if tracker is None:
+        return
+    async with _tracker_lock:
+        todo = {p: runtime.ingest.applied_offset.get(p, -1) for p in partitions
+                if p not in tracker.loaded and p in runtime.durability.owned}
+        if not todo:
+            return
+        started = time.perf_counter()
+        state = await asyncio.to_thread(restore_state.query_state, runtime.sink.read_columns, todo, tracker.max_keys)
+        # a rebalance during the query may have taken a partition away (or restored it again): install only
+        # the state of partitions still ours, still at the offset it was built for
+        state = {p: slots for p, slots in state.items() if p in runtime.durability.owned and p not in tracker.loaded
+                 and runtime.ingest.applied_offset.get(p, -1) == todo[p]}
+        restore_state.install(tracker, runtime.index, state)
+        info = {**restore_state.restore_info(state), "offsets": {str(p): todo[p] for p in state},
+                "ms": round((time.perf_counter() - started) * 1000, 1), "ts": time.time()}
+        runtime.tracker_rebuilds = (runtime.tracker_rebuilds + [info])[-16:]
+        log.info("analytics: re-store tracker rebuilt from the store: %s", info)
+
+
+async def ensure_tracker_retrying(partition: int) -> None:
+    pause = 0.5
+    while runtime.restores is not None and partition not in runtime.restores.loaded:
+        if partition not in runtime.durability.owned:
+            return  # revoked meanwhile: the caller drops the message
+        try:
+            await ensure_tracker([partition])
+        except Exception as exc:  # the store refuses: wait for it, like the sink does
+            _log_rate_limited("tracker", logging.WARNING, "analytics: re-store tracker of partition %s not rebuilt "
+                              "(%s: %s); partition paused, retrying", partition, type(exc).__name__, str(exc)[:300])
+            await asyncio.sleep(pause)
+            pause = min(30.0, pause * 2)
+
+
+@app.on_rebalance_complete.connect
+async def rebuild_restore_tracker(app, **kwargs) -> None:
+    if runtime.restores is None:
+        return
+    partitions = owned_partitions()
+    try:
+        await runtime.durability.restore(partitions)  # idempotent; the hooks of one signal run in no fixed order
+        await ensure_tracker(partitions)
+    except Exception:
+        log.exception("analytics: re-store tracker not rebuilt at assignment; retried before each partition's "
+                      "first message")
+
+
+@app.on_partitions_revoked.connect
+async def forget_revoked_tracker(app, revoked, **kwargs) -> None:
+    if runtime.restores is None:
+        return
+    for tp in revoked:
+        if tp.topic == settings.events_topic:
+            runtime.restores.forget_partition(tp.partition)  # memory only: a later restore rebuilds it
 
 
 @app.on_before_shutdown.connect

@@ -14,8 +14,9 @@ In one run, on a fresh topic pre-filled with N envelopes of E events each:
   (`processors.analytics.bench_queries.saved_query_latency`, reported "missing" if absent);
 - capacity: the re-store tracker (LRU stack distances, `restores.RestoreTracker`, what the capacity curve
   is computed from) over `--capacity-events` events of the demo-like workload (`workload.serving_steps`),
-  timed apart from generating and applying them; and the HTML report's generation time on a store filled
-  from that workload (`--report-steps` steps). `--capacity-only` runs just this part (no Kafka).
+  timed apart from generating and applying them; the HTML report's generation time on a store filled
+  from that workload (`--report-steps` steps), and the tracker's rebuild from that store (what a restarted
+  worker runs on assignment, `restore_state`). `--capacity-only` runs just this part (no Kafka).
 - baseline_pipeline: the same messages through the app's own per-message path in one thread, no
   Kafka, Faust or writer thread (`pipeline_insert`: decode + index apply + rows + re-store tracking +
   the same conversions and inserts), rows/s over the same row count — what the app could reach if
@@ -103,7 +104,7 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
     from processors.analytics.derive import GC_THRESHOLDS, message_rows
     from processors.analytics.migrations import apply_migrations
     from processors.analytics.restores import RESTORE_COLUMNS, RestoreTracker, restore_columns
-    from processors.analytics.rows import EventColumns
+    from processors.analytics.rows import LOAD_COLUMNS, EventColumns, load_columns
 
     client = clickhouse_connect.get_client(dsn=dsn)
     thresholds = gc.get_threshold()
@@ -113,7 +114,7 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
         apply_migrations(client)
         index = Index(ttl_s=None)
         ingest, tracker = Ingest(index, max_bytes), RestoreTracker() if capacity else None
-        events, lifetimes, restores = EventColumns(), [], []
+        events, lifetimes, restores, loads = EventColumns(), [], [], []
         written_restores = 0
 
         def insert(table: str, rows, columns, convert, final: bool) -> None:
@@ -127,18 +128,20 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
         for n, r in enumerate(records, 1):
             record_ts = r.timestamp if r.timestamp_type == 1 else None
             result = ingest.handle(r.value, r.headers, r.partition, r.offset, time.time(), record_ts)
-            ev, lt, rs = message_rows(result, r.partition, r.offset, index, tracker, time.time())
+            ev, lt, rs, ld = message_rows(result, r.partition, r.offset, index, tracker, time.time())
             if len(ev):
                 events.extend(ev)
             if lt:
                 number_copies(lt)  # per message, as the sink's writer does
                 lifetimes.extend(lt)
             restores.extend(rs)
+            loads.extend(ld)
             written_restores += len(rs)
             final = n == len(records)
             for table, rows, columns, convert in (("kv_events", events, EVENT_COLUMNS, lambda c: c),
                                                   ("kv_block_lifetimes", lifetimes, LIFETIME_COLUMNS, lifetime_columns),
-                                                  ("kv_restores", restores, RESTORE_COLUMNS, restore_columns)):
+                                                  ("kv_restores", restores, RESTORE_COLUMNS, restore_columns),
+                                                  ("kv_node_load", loads, LOAD_COLUMNS, load_columns)):
                 if final or len(rows) >= batch:
                     insert(table, rows, columns, convert, final)
         return time.perf_counter() - started, written_restores
@@ -243,6 +246,7 @@ def queries_part(rows: int | None) -> dict | str | None:
 def capacity_part(events: int, report_steps: int) -> dict:
     """Tracker time per event and block on the workload, and report generation time (see the module doc)."""
     from processors.analytics.report import build_report
+    from processors.analytics.restore_state import query_state, restore_info
     from processors.analytics.restores import RestoreTracker
     from processors.analytics.sink import AnalyticsSink
     from processors.analytics.workload import KINDS, fill_store, serving_steps
@@ -267,11 +271,16 @@ def capacity_part(events: int, report_steps: int) -> dict:
         started = time.perf_counter()
         build_report(sink, tmp / "report.html")
         report_s = time.perf_counter() - started
+        # what a restarted worker does on assignment: the tracker rebuilt from that store (one partition, all of it)
+        started = time.perf_counter()
+        state = query_state(sink.read_columns, {0: report_steps - 1}, tracker.max_keys)
+        rebuild_s = time.perf_counter() - started
     finally:
         sink.close()
     return {"events": seen, "stored_blocks": blocks, "restores": tracker.restores, "tracker_s": round(tracker_s, 2),
             "tracker_us_per_stored_block": round(1e6 * tracker_s / max(1, blocks), 3),
-            "report_s": round(report_s, 2), "report_store_rows": rows}
+            "report_s": round(report_s, 2), "report_store_rows": rows,
+            "tracker_rebuild_s": round(rebuild_s, 3), "tracker_rebuild": restore_info(state)}
 
 
 def run(argv: list[str]) -> dict:

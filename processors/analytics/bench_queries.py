@@ -4,16 +4,20 @@
 block lifetimes and the KV events they imply, generated inside the engine by `INSERT ... SELECT FROM numbers()`
 (this is the benchmark's own trusted path, not analyst SQL: it writes, and uses a table function), then times
 every query in infra/clickhouse/queries/ through `AnalystQueries` with the default `QueryLimits`: one warm-up,
-then the median of three. The target is under a second each.
+then the median of three. The target is under a second each. Also the re-store tracker's rebuild from the store
+(`tracker_rebuild`: the app's own query on assignment, not an analyst one).
 
 The synthetic fleet: 8 nodes, one epoch, two KV cache groups (0 full attention, 1 sliding window), GPU and CPU
 media, a day of traffic. Each stored event carries 1..16 blocks (8.5 on average) drawn from a pool of recurring
 prefixes, so removed hashes are stored again later (reuse distance has matches); lifetimes are exponential, short
-for the sliding-window group, 95 % evicted, 4 % cleared, 1 % node_expired. Rows arrive in several parts per
+for the sliding-window group, 95 % evicted, 4 % cleared, 1 % node_expired; each node reports its load once a
+second (`kv_node_load`, 691,200 rows, whatever `rows` is). Rows arrive in several parts per
 partition; timing starts once background merges have stopped (`settle`), with the parts they left (FINAL still
 has work to do, as in a store that ingests continuously).
 
-Run: `python -c "from processors.analytics.bench_queries import main; main()" [rows]`.
+Run: `python -c "from processors.analytics.bench_queries import main; main()" [rows]`; `main(["--fill", DSN, rows])`
+keeps a filled store, `main(["--compare", DSN, "--rounds", N, FILE, ...])` times query files on it in turn (old SQL
+against new, back to back).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import clickhouse_connect
 
 from processors.analytics.migrations import apply_migrations
 from processors.analytics.query import AnalystQueries, QueryLimits, SqlRequest, client_runner
-from processors.analytics.saved import list_queries
+from processors.analytics.saved import SavedQuery, list_queries, load_query
 
 TARGET_S = 1.0
 BASE_TS = 1_767_225_600  # 2026-01-01 00:00:00 UTC
@@ -120,8 +124,23 @@ def fill(client: Any, rows: int) -> dict:
             toUInt32(0) AS event_idx
         FROM (SELECT number AS n FROM numbers({rows}))
         SETTINGS max_memory_usage = 0""")
+    # load reports: every node once a second for the day (NULL kv_usage now and then: a report may leave it out)
+    client.command(f"""
+        INSERT INTO kv_node_load (ts, node_id, epoch, seq, running, waiting, kv_usage, kafka_partition, kafka_offset)
+        SELECT
+            toDateTime64({BASE_TS} + intDiv(j, {NODES}) + 0.5, 6, 'UTC') AS ts,
+            concat('node-', toString(j % {NODES})) AS node_id,
+            toUInt64(1) AS epoch,
+            intDiv(j, {NODES}) AS seq,
+            toUInt32(cityHash64(j, 5) % 64) AS running,
+            toUInt32(cityHash64(j, 6) % 16) AS waiting,
+            if(j % 97 = 0, NULL, (cityHash64(j, 7) % 1000) / 1000) AS kv_usage,
+            toUInt32(j % 8) AS kafka_partition,
+            intDiv(j, 8) AS kafka_offset
+        FROM (SELECT number AS j FROM numbers({DAY_S * NODES}))
+        SETTINGS max_memory_usage = 0""")
     counts = {t: int(client.query(f"SELECT count() FROM {t}").result_rows[0][0])
-              for t in ("kv_block_lifetimes", "kv_events", "kv_restores")}
+              for t in ("kv_block_lifetimes", "kv_events", "kv_restores", "kv_node_load")}
     return counts
 
 
@@ -137,8 +156,30 @@ def settle(client: Any, timeout_s: float = 180.0) -> dict:
             break
         time.sleep(1.0)
     rows = client.query("SELECT table, count() FROM system.parts WHERE active AND database = currentDatabase() "
-                        "AND table IN ('kv_events', 'kv_block_lifetimes', 'kv_restores') GROUP BY table").result_rows
+                        "AND table IN ('kv_events', 'kv_block_lifetimes', 'kv_restores', 'kv_node_load') GROUP BY table"
+                        ).result_rows
     return {str(t): int(n) for t, n in rows}
+
+
+def tracker_rebuild(client: Any) -> dict:
+    """Seconds to rebuild the re-store tracker of every partition from this store (what a restarted worker owning
+    them all runs on assignment: `restore_state`), split into the query and the rebuilding in Python."""
+    from processors.analytics.restore_state import build_slots, restore_info, STATE_SQL
+    from processors.analytics.restores import RestoreTracker
+
+    ends = dict(client.query("SELECT kafka_partition, max(kafka_offset) FROM kv_events GROUP BY kafka_partition")
+                .result_rows)
+    parts = sorted(ends)
+    max_keys = RestoreTracker().max_keys
+    started = time.perf_counter()
+    result = client.query(STATE_SQL, parameters={"partitions": parts, "offsets": [ends[p] for p in parts],
+                                                 "max_keys": max_keys}, settings={"readonly": 1})
+    columns = dict(zip(result.column_names, result.result_columns))
+    query_s = time.perf_counter() - started
+    started = time.perf_counter()
+    state = build_slots(columns, max_keys)
+    build_s = time.perf_counter() - started
+    return {"query_s": round(query_s, 2), "build_s": round(build_s, 2), **restore_info(state)}
 
 
 def _time_query(queries: AnalystQueries, request: SqlRequest, repeats: int = 3) -> tuple[list[float], int | str]:
@@ -155,6 +196,47 @@ def _time_query(queries: AnalystQueries, request: SqlRequest, repeats: int = 3) 
         result = asyncio.run(once())
         times.append(time.perf_counter() - t0)
     return times, len(result["rows"])
+
+
+def _timing(queries: AnalystQueries, saved: SavedQuery) -> dict:
+    times, result_rows = _time_query(queries, SqlRequest(sql=saved.sql, params=saved.bind()))
+    median = statistics.median(times) if times else None
+    return {
+        "median_s": round(median, 4) if median is not None else None,
+        "runs_s": [round(t, 4) for t in times],
+        "rows": result_rows if isinstance(result_rows, int) else None,
+        "error": result_rows if isinstance(result_rows, str) else None,
+        "meets_target": median is not None and median < TARGET_S,
+    }
+
+
+def compare_files(dsn: str, files: list[str], rounds: int = 2) -> dict:
+    """Time query files (a saved query's format: header comments, `{name:Type}` parameters with defaults) on an
+    existing store, in turn for `rounds` rounds — e.g. a saved query's old text against its new one, back to back
+    on the same store. The store is read only."""
+    from pathlib import Path
+
+    client = clickhouse_connect.get_client(dsn=dsn)
+    try:
+        queries = AnalystQueries(client_runner(client), QueryLimits())
+        out: dict[str, list] = {f: [] for f in files}
+        for _ in range(rounds):
+            for f in files:
+                out[f].append(_timing(queries, load_query(Path(f).stem, Path(f).resolve().parent)))
+        queries.close()
+        return out
+    finally:
+        client.close()
+
+
+def fill_store(dsn: str, rows: int) -> dict:
+    """Fill a store (a throwaway: it must not be kvpipe's own) as `saved_query_latency` does, and keep it."""
+    client = clickhouse_connect.get_client(dsn=dsn)
+    try:
+        apply_migrations(client)
+        return {"rows": fill(client, rows), "parts": settle(client)}
+    finally:
+        client.close()
 
 
 def saved_query_latency(rows: int = 10_000_000, dsn: str | None = None) -> dict:
@@ -178,17 +260,9 @@ def saved_query_latency(rows: int = 10_000_000, dsn: str | None = None) -> dict:
         out: dict[str, Any] = {"rows": counts, "fill_s": round(fill_s, 2), "parts": parts, "target_s": TARGET_S,
                                "limits": limits.engine_settings(), "queries": {}}
         for saved in list_queries():
-            request = SqlRequest(sql=saved.sql, params=saved.bind())
-            times, result_rows = _time_query(queries, request)
-            median = statistics.median(times) if times else None
-            out["queries"][saved.name] = {
-                "median_s": round(median, 4) if median is not None else None,
-                "runs_s": [round(t, 4) for t in times],
-                "rows": result_rows if isinstance(result_rows, int) else None,
-                "error": result_rows if isinstance(result_rows, str) else None,
-                "meets_target": median is not None and median < TARGET_S,
-            }
+            out["queries"][saved.name] = _timing(queries, saved)
         queries.close()
+        out["tracker_rebuild"] = tracker_rebuild(client)
         return out
     finally:
         client.close()
@@ -197,11 +271,19 @@ def saved_query_latency(rows: int = 10_000_000, dsn: str | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`[rows]`: fill a temp store and time every saved query (and the tracker rebuild);
+    `--fill DSN rows`: fill a throwaway store and keep it; `--compare DSN [--rounds N] FILE...`: time query files
+    on it in turn (2 rounds unless told)."""
     import json
 
     args = sys.argv[1:] if argv is None else argv
-    rows = int(args[0]) if args else 10_000_000
-    print(json.dumps(saved_query_latency(rows), indent=2))
+    if args[:1] == ["--fill"]:
+        print(json.dumps(fill_store(args[1], int(args[2])), indent=2))
+    elif args[:1] == ["--compare"]:
+        rounds, files = (int(args[3]), args[4:]) if args[2:3] == ["--rounds"] else (2, args[2:])
+        print(json.dumps(compare_files(args[1], files, rounds), indent=2))
+    else:
+        print(json.dumps(saved_query_latency(int(args[0]) if args else 10_000_000), indent=2))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ in-process baseline (`bench.pipeline_insert`) run the same code."""
 from __future__ import annotations
 
 from processors.analytics.restores import RestoreTracker, refine_reasons
-from processors.analytics.rows import EventColumns, event_columns_of, group_kinds_of
+from processors.analytics.rows import EventColumns, event_columns_of, group_kinds_of, load_row
 from processors.index import APPLIED, Index
 from processors.ingest import Result
 
@@ -19,13 +19,14 @@ GC_THRESHOLDS = (50_000, 20, 100)
 
 
 def message_rows(result: Result, partition: int, offset: int, index: Index, tracker: RestoreTracker | None,
-                 now: float) -> tuple[EventColumns | list, list, list]:
-    """`(event columns, lifetimes, re-stores)` for a message. Undecodable input yields none; a
-    message not applied may still end lifetimes (its node's epoch moved on)."""
+                 now: float) -> tuple[EventColumns | list, list, list, list]:
+    """`(event columns, lifetimes, re-stores, load)` for a message. Undecodable input yields none; a
+    message not applied may still end lifetimes (its node's epoch moved on); only an applied one
+    (heartbeats too) reports load, as only an applied one moves the index's `node.load`."""
     if result.outcome != APPLIED:
         if result.lifetimes:
             end_lifetimes(index, tracker, result.env, result.lifetimes)
-        return [], result.lifetimes, []
+        return [], result.lifetimes, [], []
     env = result.env
     kinds = node_kinds(index, env.node_id, env)
     refine_reasons(env, result.lifetimes)
@@ -33,7 +34,8 @@ def message_rows(result: Result, partition: int, offset: int, index: Index, trac
         lt.group_kind = kinds.get(lt.group_idx, ("", 0))[0]
     rows = event_columns_of(env, result.events, partition, offset, now, kinds)
     restores = tracker.observe(env, result.events, result.lifetimes, partition, offset, kinds) if tracker else []
-    return rows, result.lifetimes, restores
+    load = load_row(env, partition, offset)
+    return rows, result.lifetimes, restores, [load] if load is not None else []
 
 
 def node_kinds(index: Index, node_id: str, env=None) -> dict[int, tuple[str, int]]:

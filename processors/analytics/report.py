@@ -27,15 +27,18 @@ def _records(result: dict) -> list[dict]:
     return [dict(zip(result["columns"], row)) for row in result["rows"]]
 
 
-def _figure():
+def _figure(rows: int = 1):
+    """pyplot, a figure and its axes (a list of `rows` axes sharing x when rows > 1)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display; set before pyplot loads
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 3.6), dpi=100)
-    ax.grid(True, alpha=0.3)
-    return plt, fig, ax
+    fig, ax = plt.subplots(rows, 1, figsize=(9, 3.6 * rows), dpi=100, sharex=True, squeeze=False)
+    axes = [a[0] for a in ax]
+    for a in axes:
+        a.grid(True, alpha=0.3)
+    return plt, fig, axes[0] if rows == 1 else axes
 
 
 def _svg(plt, fig) -> str:
@@ -83,11 +86,35 @@ def _evictions(rows: list[dict]) -> str:
 
 
 def _occupancy(rows: list[dict]) -> str:
+    """Blocks held per series; under it, when nodes report load, each node's KV usage and running requests."""
     series: dict[str, list] = {}
+    usage: dict[str, dict] = {}
+    running: dict[str, dict] = {}
     for r in rows:
         series.setdefault(f"{r['node_id']} g{r['group_idx']} {r['medium']}", []).append(
             (r["bucket"], float(r["cached_blocks"])))
-    return _lines(series, "blocks held", step=True)
+        if r.get("kv_usage") is not None:  # one value per node and bucket, repeated on its group rows
+            usage.setdefault(r["node_id"], {})[r["bucket"]] = 100 * float(r["kv_usage"])
+        if r.get("running") is not None:
+            running.setdefault(r["node_id"], {})[r["bucket"]] = float(r["running"])
+    if not usage and not running:
+        return _lines(series, "blocks held", step=True)
+    plt, fig, (top, low) = _figure(rows=2)
+    for label, points in sorted(series.items())[:12]:
+        xs, ys = zip(*sorted(points))
+        top.step(xs, ys, where="post", label=label)
+    top.set_ylabel("blocks held")
+    top.legend(fontsize=7, loc="best")
+    for node, points in sorted(usage.items())[:12]:
+        xs, ys = zip(*sorted(points.items()))
+        low.step(xs, ys, where="post", label=f"{node} KV usage %")
+    for node, points in sorted(running.items())[:12]:
+        xs, ys = zip(*sorted(points.items()))
+        low.step(xs, ys, where="post", linestyle=":", label=f"{node} running")
+    low.set_ylabel("reported load")
+    low.set_xlabel("time (UTC)")
+    low.legend(fontsize=7, loc="best", ncol=2)
+    return _svg(plt, fig)
 
 
 def _lifetimes(rows: list[dict]) -> str:
@@ -122,8 +149,9 @@ PLOTS: dict[str, tuple[Callable[[list[dict]], str], str]] = {
                                         "churn faster than full attention by design; a rising line means pressure."),
     "lifetime_quantiles": (_lifetimes, "How long an evicted block stayed cached, per group kind: short lifetimes in "
                                        "a group mean its pool is too small for its working set."),
-    "node_occupancy": (_occupancy, "Blocks held per node, group and medium over time: a flat line at the top is "
-                                   "a full pool evicting to make room."),
+    "node_occupancy": (_occupancy, "Blocks held per node, group and medium over time, and under them the load "
+                                   "each node reported (KV usage, running requests): a flat line at the top is a "
+                                   "full pool evicting to make room; load shows whether that came with traffic."),
     "reuse_distance": (_restore_delays, "How soon evicted blocks were stored again: a short delay is recompute "
                                         "a slightly bigger cache would have avoided."),
     "capacity_curve": (_curve, "Fraction of re-stores an LRU cache of the given size would have served as hits "

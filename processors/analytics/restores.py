@@ -42,8 +42,9 @@ CAPACITY_METHOD = (
     "prefixes); vLLM's free-block queue is approximated by LRU (its eviction order also depends on request "
     "completion and refcounts); a bigger cache would change what the scheduler admits, not modelled; clears, epoch "
     "changes and node expiry end lifetimes regardless of size, so those re-stores are hits only in the model. "
-    "Re-stores whose previous store lies more than the tracker's key bound back, and re-stores across an analytics "
-    "worker restart (the tracker starts empty), are not counted. Recompute saved = hits x block_size tokens.")
+    "Re-stores whose previous store lies more than the tracker's key bound back are not counted (a worker that "
+    "restarts or takes a partition over rebuilds the tracker from the stored rows, so restarts lose none). "
+    "Recompute saved = hits x block_size tokens.")
 
 
 class RestoreRow(msgspec.Struct, gc=False):
@@ -94,27 +95,50 @@ def refine_reasons(env: Envelope | None, lifetimes: Iterable[LifetimeRow]) -> No
             lt.end_reason = REASON_EPOCH_CHANGE if lt.epoch != env.epoch else REASON_RESYNC
 
 
-class _Slot:
-    __slots__ = ("stack", "ended", "held")
+class Slot:
+    """One (node, group, medium): its store stack, the hashes whose last lifetime there ended, and how many
+    blocks it holds. `partition`: the events partition of the node (whose owner keeps this state)."""
 
-    def __init__(self, max_keys: int) -> None:
-        self.stack = StackDistance(max_keys)
+    __slots__ = ("stack", "ended", "held", "partition", "prune_at")
+
+    def __init__(self, max_keys: int, partition: int = -1, stack: StackDistance | None = None) -> None:
+        self.stack = stack if stack is not None else StackDistance(max_keys)
         self.ended: dict[int, tuple[float, str]] = {}  # hash → (removed_ts, reason) of its last lifetime
         self.held = 0
+        self.partition = partition
+        self.prune_at = 1024  # `ended` size that triggers dropping the hashes the stack forgot (see _end)
+
+    def prune(self) -> None:
+        last = self.stack._last  # noqa: SLF001
+        ended = self.ended
+        for h in [h for h in ended if h not in last]:
+            del ended[h]
+        # each prune removes half of `ended` or doubles the threshold: amortised O(1) per end
+        self.prune_at = 2 * max(len(last), len(ended)) + 1024
+
+
+SlotKey = tuple[str, int, str]  # (node, group, medium)
 
 
 class RestoreTracker:
-    """Per (node, group, medium): the store stack and the hashes whose lifetime ended."""
+    """Per (node, group, medium): the store stack and the hashes whose lifetime ended.
+
+    Memory: at most `max_keys_per_slot` hashes per slot in the stack (`StackDistance`'s bound), and `ended`
+    pruned to hashes the stack still remembers (a forgotten hash's re-store has no distance to report).
+    `loaded`: the events partitions whose state is complete here — rebuilt from the store when the worker took
+    the partition over (`restore_state`), or built from the partition's first offset on.
+    """
 
     def __init__(self, max_keys_per_slot: int = 1 << 20) -> None:
         self.max_keys = max_keys_per_slot
-        self.slots: dict[tuple[str, int, str], _Slot] = {}
+        self.slots: dict[SlotKey, Slot] = {}
+        self.loaded: set[int] = set()
         self.restores = 0
 
-    def _slot(self, key: tuple[str, int, str]) -> _Slot:
+    def _slot(self, key: SlotKey, partition: int) -> Slot:
         slot = self.slots.get(key)
         if slot is None:
-            slot = self.slots[key] = _Slot(self.max_keys)
+            slot = self.slots[key] = Slot(self.max_keys, partition)
         return slot
 
     def _end(self, lt: LifetimeRow) -> None:
@@ -122,7 +146,10 @@ class RestoreTracker:
         if slot is None:  # never stored here (a removal the index did not know): nothing to come back to
             return
         if lt.block_hash in slot.stack._last:  # noqa: SLF001 - hot path: a dict probe, not a method call
-            slot.ended[lt.block_hash] = (lt.removed_ts, lt.end_reason or lt.reason)
+            ended = slot.ended
+            ended[lt.block_hash] = (lt.removed_ts, lt.end_reason or lt.reason)
+            if len(ended) > slot.prune_at:  # the stack forgets past its bound; so does `ended`
+                slot.prune()
         if slot.held:
             slot.held -= 1
 
@@ -149,7 +176,7 @@ class RestoreTracker:
             medium = ev.medium or "GPU"
             slot = slots.get((node, group, medium))
             if slot is None:
-                slot = self._slot((node, group, medium))
+                slot = self._slot((node, group, medium), partition)
             stack, ended = slot.stack, slot.ended
             last = stack._last  # noqa: SLF001 - see _end
             for h in ev.block_hashes:
@@ -177,4 +204,16 @@ class RestoreTracker:
     def forget_node(self, node_id: str) -> None:
         for key in [k for k in self.slots if k[0] == node_id]:
             del self.slots[key]
+
+    def forget_partition(self, partition: int) -> None:
+        """Drop the state of one events partition's nodes (revoked, or about to be rebuilt)."""
+        for key in [k for k, s in self.slots.items() if s.partition == partition]:
+            del self.slots[key]
+        self.loaded.discard(partition)
+
+    def install(self, partition: int, slots: dict[SlotKey, Slot]) -> None:
+        """Replace one partition's state with `slots` (rebuilt elsewhere, e.g. `restore_state`)."""
+        self.forget_partition(partition)
+        self.slots.update(slots)
+        self.loaded.add(partition)
 

@@ -1,8 +1,9 @@
 """Analytics rows: what one Kafka message turns into in ClickHouse, as plain values.
 
-Pure functions, no I/O. `event_rows` maps one envelope's events to `EventRow`s; the processor
-builds `LifetimeRow`s itself (it owns the index that knows when each block was stored). The sink
-turns rows into columns with `event_columns` / `lifetime_columns`.
+Pure functions, no I/O. `event_rows` maps one envelope's events to `EventRow`s, `load_row` its load
+report to a `LoadRow`; the processor builds `LifetimeRow`s itself (it owns the index that knows when
+each block was stored). The sink turns rows into columns with `event_columns` / `lifetime_columns` /
+`load_columns`.
 
 Identity: every row carries the Kafka coordinates `(partition, offset, idx)` of the message and
 event it came from. A replay after a crash reproduces the same coordinates and the same values
@@ -12,6 +13,7 @@ is informational and not part of any key), so the ReplacingMergeTree key collaps
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import msgspec
@@ -90,6 +92,37 @@ class LifetimeRow(msgspec.Struct, gc=False):
     end_reason: str = ""  # `reason` refined by the analytics app (restores.refine_reasons); "" = same as reason
 
 
+class LoadRow(msgspec.Struct, gc=False):
+    """The load one envelope reported (`kv_node_load`). A field the envelope left out is None (NULL)."""
+
+    node_id: str
+    epoch: int
+    seq: int
+    ts: float  # the node's batch ts
+    running: int | None
+    waiting: int | None
+    kv_usage: float | None
+    partition: int
+    offset: int
+
+
+def _count(v: int | None) -> int | None:
+    # UInt32 columns: a value no scheduler reports (negative, absurd) is not load, and written as
+    # is it would fail the insert, which the sink retries forever (one bad producer stalls analytics)
+    return v if v is not None and 0 <= v <= U32_MASK else None
+
+
+def load_row(env: Envelope, partition: int, offset: int) -> LoadRow | None:
+    """The envelope's load report (heartbeats carry it too), or None when it reports none."""
+    if env.running is None and env.waiting is None and env.kv_usage is None:
+        return None
+    usage = env.kv_usage
+    if usage is not None and not math.isfinite(usage):
+        usage = None
+    return LoadRow(env.node_id, env.epoch, env.seq, env.ts, _count(env.running), _count(env.waiting), usage,
+                   partition, offset)
+
+
 def group_kinds_of(env: Envelope) -> dict[int, tuple[str, int]]:
     """`group_idx → (spec kind, block size)` from the envelope's group specs (empty if absent)."""
     return {g.group_idx: (g.kind, g.block_size) for g in env.group_specs or ()}
@@ -150,6 +183,7 @@ LIFETIME_COLUMNS = (
     "node_id", "epoch", "group_idx", "medium", "block_hash", "stored_ts", "removed_ts", "lifetime_s", "reason",
     "kafka_partition", "kafka_offset", "event_idx", "copy_idx", "group_kind", "end_reason",
 )
+LOAD_COLUMNS = ("ts", "node_id", "epoch", "seq", "running", "waiting", "kv_usage", "kafka_partition", "kafka_offset")
 
 
 def _us(ts: float) -> int:
@@ -221,6 +255,15 @@ def lifetime_columns(rows: list[LifetimeRow]) -> list[list]:
         [r.copy_idx for r in rows],
         [r.group_kind for r in rows],
         [r.end_reason or r.reason for r in rows],
+    ]
+
+
+def load_columns(rows: list[LoadRow]) -> list[list]:
+    """Column-oriented data in LOAD_COLUMNS order."""
+    return [
+        [_us(r.ts) for r in rows], [r.node_id for r in rows], [r.epoch for r in rows], [r.seq for r in rows],
+        [r.running for r in rows], [r.waiting for r in rows], [r.kv_usage for r in rows],
+        [r.partition for r in rows], [r.offset for r in rows],
     ]
 
 

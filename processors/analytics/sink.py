@@ -51,9 +51,11 @@ from processors.analytics.migrations import apply_migrations
 from processors.analytics.rows import (
     EVENT_COLUMNS,
     LIFETIME_COLUMNS,
+    LOAD_COLUMNS,
     EventColumns,
     event_columns,
     lifetime_columns,
+    load_columns,
     number_copies,
 )
 from processors.analytics.restores import RESTORE_COLUMNS, restore_columns
@@ -64,10 +66,12 @@ log = logging.getLogger(__name__)
 EVENTS_TABLE = "kv_events"
 LIFETIMES_TABLE = "kv_block_lifetimes"
 RESTORES_TABLE = "kv_restores"
+LOADS_TABLE = "kv_node_load"
 _TABLES: dict[str, tuple[tuple[str, ...], Callable[[list], list[list]]]] = {
     EVENTS_TABLE: (EVENT_COLUMNS, lambda columns: columns),  # the writer holds events as columns already
     LIFETIMES_TABLE: (LIFETIME_COLUMNS, lifetime_columns),
     RESTORES_TABLE: (RESTORE_COLUMNS, restore_columns),
+    LOADS_TABLE: (LOAD_COLUMNS, load_columns),
 }
 
 # After a full batch, input quiet this long means the backlog is consumed: write the partial rest
@@ -89,7 +93,7 @@ class AnalyticsSink:
         self._client: Any = None
         self._client_lock = threading.Lock()
         self._cond = threading.Condition()
-        self._queue: deque[tuple[list, list, list]] = deque()
+        self._queue: deque[tuple[list, list, list, list]] = deque()
         self._unwritten = 0  # rows submitted and not yet acknowledged by the store
         self._submitted = 0  # submit calls so far; flush() waits until _done catches up
         self._done = 0
@@ -144,23 +148,25 @@ class AnalyticsSink:
 
     # --- producer side (the asyncio loop) -----------------------------------------------------------
 
-    def submit(self, event_rows: "list | EventColumns", lifetime_rows: list, restore_rows: list = ()) -> None:
+    def submit(self, event_rows: "list | EventColumns", lifetime_rows: list, restore_rows: list = (),
+               load_rows: list = ()) -> None:
         """Queue rows of one message (submit all lifetimes a message ends in one call). Never
         blocks and never drops: the caller gates on `wait_for_room` before taking more input.
         Event rows come as `EventColumns` (the agent's fast path) or a list of `EventRow`."""
-        n = len(event_rows) + len(lifetime_rows) + len(restore_rows)
+        n = len(event_rows) + len(lifetime_rows) + len(restore_rows) + len(load_rows)
         if n == 0:
             return
         with self._cond:
             if self._stop or self._thread is None:
                 raise RuntimeError("AnalyticsSink.submit: the sink is not running (start() it first)")
-            self._queue.append((event_rows, lifetime_rows, restore_rows))
+            self._queue.append((event_rows, lifetime_rows, restore_rows, load_rows))
             self._last_submit = time.monotonic()
             self._unwritten += n
             self._submitted += 1
             self._c[f"{EVENTS_TABLE}_submitted"] += len(event_rows)
             self._c[f"{LIFETIMES_TABLE}_submitted"] += len(lifetime_rows)
             self._c[f"{RESTORES_TABLE}_submitted"] += len(restore_rows)
+            self._c[f"{LOADS_TABLE}_submitted"] += len(load_rows)
             self._cond.notify_all()
 
     def has_room(self) -> bool:
@@ -223,14 +229,24 @@ class AnalyticsSink:
                 columns, types = [r[0] for r in shape.result_rows], [r[1] for r in shape.result_rows]
         return {"columns": columns, "types": types, "rows": [list(r) for r in result.result_rows]}
 
+    def read_columns(self, sql: str, parameters: dict | None = None) -> dict[str, list]:
+        """kvpipe's own read, by column (not analyst SQL: no guard, no analyst limits; `readonly=1` still).
+        The app rebuilds state from its rows with it (`restore_state`). Blocking, like `query`."""
+        with self._client_lock:
+            if self._client is None:
+                self._client = clickhouse_connect.get_client(dsn=self.dsn)
+            result = self._client.query(sql, parameters=parameters, settings={"readonly": 1})
+            return dict(zip(result.column_names, result.result_columns))
+
     # --- writer thread --------------------------------------------------------------------------
 
     def _run(self) -> None:
         events = EventColumns()  # columns: the agent builds them, this thread only concatenates
         lifetimes: list = []
         restores: list = []
+        loads: list = []
         incoming: list = []  # submits taken off the queue, merged into the lists above outside the lock
-        counts = [0, 0, 0]  # rows pending per table (merged + incoming)
+        counts = [0, 0, 0, 0]  # rows pending per table (merged + incoming)
         taken = 0  # submit calls drained into the pending lists
         oldest = 0.0  # monotonic time the oldest pending row was drained
         # Burst: the last write was a full batch, so rows arrive faster than one batch per flush_s
@@ -250,6 +266,7 @@ class AnalyticsSink:
                         counts[0] += len(item[0])
                         counts[1] += len(item[1])
                         counts[2] += len(item[2])
+                        counts[3] += len(item[3])
                         taken += 1
                     pending = any(counts)
                     now = time.monotonic()
@@ -265,7 +282,7 @@ class AnalyticsSink:
                         return
                     self._cond.wait(min(oldest + self.flush_s, quiet_at) - now if pending else None)
             burst = not drain
-            for ev, lt, rs in incoming:
+            for ev, lt, rs, ld in incoming:
                 if ev:
                     events.extend(ev if isinstance(ev, EventColumns) else EventColumns(event_columns(ev)))
                 if lt:
@@ -273,10 +290,13 @@ class AnalyticsSink:
                     lifetimes.extend(lt)
                 if rs:
                     restores.extend(rs)
+                if ld:
+                    loads.extend(ld)
             incoming.clear()
             # Write outside the queue lock so submit() never waits for the engine.
             try:
-                for table, rows in ((EVENTS_TABLE, events), (LIFETIMES_TABLE, lifetimes), (RESTORES_TABLE, restores)):
+                for table, rows in ((EVENTS_TABLE, events), (LIFETIMES_TABLE, lifetimes), (RESTORES_TABLE, restores),
+                                    (LOADS_TABLE, loads)):
                     end = len(rows) if drain else len(rows) - len(rows) % self.batch_rows
                     for i in range(0, end, self.batch_rows):
                         self._write(table, rows[i:min(i + self.batch_rows, end)])
@@ -287,7 +307,7 @@ class AnalyticsSink:
                     del rows[:end]
             except _Abandoned:
                 return
-            counts = [len(events), len(lifetimes), len(restores)]
+            counts = [len(events), len(lifetimes), len(restores), len(loads)]
             with self._cond:
                 if not any(counts):
                     self._done = taken

@@ -71,16 +71,35 @@ class StackDistance:
             self._marks[p] = 0
             self._buckets[p >> _SHIFT] -= 1
 
+    def order(self) -> list[Hashable]:
+        """The remembered keys, least recently accessed first: all the state distances depend on."""
+        return [k for k, _ in sorted(self._last.items(), key=lambda kv: kv[1])]
+
+    @classmethod
+    def from_order(cls, keys: list[Hashable], max_keys: int = 1 << 20) -> "StackDistance":
+        """A stack whose keys (distinct) were last accessed in this order, oldest first: what a stack fed the
+        whole history would hold (past `max_keys`, the most recent ones), e.g. rebuilt after a restart."""
+        stack = cls(max_keys)
+        if len(keys) > stack.max_keys:
+            stack.forgotten = len(keys) - stack.max_keys
+            keys = keys[-stack.max_keys:]
+        stack._install(keys)
+        return stack
+
     def _compact(self) -> None:
-        order = sorted(self._last.items(), key=lambda kv: kv[1])
+        order = self.order()
         if len(order) > self.max_keys:
             drop = len(order) - self.max_keys
             self.forgotten += drop
             order = order[drop:]
+        self._install(order)
+
+    def _install(self, order: list[Hashable]) -> None:
+        """Times 0..n-1 for these keys in this order (oldest first)."""
         n = len(order)
         # room for as many new accesses as there are live keys (at least doubling the live span)
         self._size = max(16, 2 * n)
-        self._last = {k: i for i, (k, _) in enumerate(order)}
+        self._last = {k: i for i, k in enumerate(order)}
         self._marks = bytearray(b"\x01" * n) + bytearray(self._size - n)
         full, rest = divmod(n, 1 << _SHIFT)
         self._buckets = [1 << _SHIFT] * full + [rest] + [0] * ((self._size >> _SHIFT) + 1 - full)

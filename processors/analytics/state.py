@@ -15,6 +15,23 @@ from processors.index import Index
 from processors.ingest import Ingest
 
 
+class AnalyticsDurability(Durability):
+    """The snapshots of `processors.durability`, and: restoring a partition's index slice drops the re-store
+    tracker's state for it, since that state describes whatever this worker consumed before, not the restored
+    offset. The agents rebuild it for the restored offset (`agents.ensure_tracker`, `restore_state`)."""
+
+    def __init__(self, *args, tracker: RestoreTracker | None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tracker = tracker
+
+    async def _restore_one(self, consumer, p: int) -> None:
+        # Durability._restore_one is where a partition's slice is replaced; tests/integration/
+        # test_capacity_restart.py fails if this stops being called there
+        if self.tracker is not None:
+            self.tracker.forget_partition(p)
+        await super()._restore_one(consumer, p)
+
+
 class AnalyticsRuntime:
     def __init__(self) -> None:
         # the routing app's bounds and clock rule too: one set of lifetimes, epochs and expiries
@@ -23,13 +40,15 @@ class AnalyticsRuntime:
                            max_slots_per_node=settings.max_slots_per_node,
                            store=settings.index_store if slots.native_available() else "python")
         self.ingest = Ingest(self.index, settings.max_message_bytes, settings.max_clock_skew_s)
-        self.durability = Durability(self.ingest, settings.bootstrap(), settings.events_topic,
-                                     settings.analytics_snapshot_topic, settings.analytics_id)
+        # re-stores and their stack distances (capacity curve); None: KVPIPE_ANALYTICS_CAPACITY=false
+        self.restores = RestoreTracker() if settings.analytics_capacity else None
+        self.durability = AnalyticsDurability(self.ingest, settings.bootstrap(), settings.events_topic,
+                                              settings.analytics_snapshot_topic, settings.analytics_id,
+                                              tracker=self.restores)
         self.sink = AnalyticsSink(settings.clickhouse(), batch_rows=settings.analytics_batch_rows,
                                   flush_s=settings.analytics_flush_s, max_queue_rows=settings.analytics_max_queue_rows,
                                   retry_max_s=settings.analytics_retry_max_s)
-        # re-stores and their stack distances (capacity curve); None: KVPIPE_ANALYTICS_CAPACITY=false
-        self.restores = RestoreTracker() if settings.analytics_capacity else None
+        self.tracker_rebuilds: list[dict] = []  # the latest rebuilds of the tracker from the store (/stats)
         self.queries = AnalystQueries(self.sink.query, QueryLimits.from_settings(settings))
         self.started = time.time()
         self.agent_errors = 0
@@ -69,4 +88,7 @@ def collect_stats(rt: AnalyticsRuntime, highwater) -> dict[str, Any]:
         "sink": sink,
         "freshness": freshness,
         "durability": {**rt.durability.stats, "last_skip": rt.last_snapshot_skip},
+        "restore_tracker": None if rt.restores is None else {
+            "loaded_partitions": sorted(rt.restores.loaded), "slots": len(rt.restores.slots),
+            "rebuilds": rt.tracker_rebuilds},
     }

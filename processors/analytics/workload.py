@@ -5,9 +5,10 @@ attention and a sliding-window group, an LRU GPU pool per group and a CPU tier t
 evicts. A request touches its prompt's blocks: a cached block is a hit (vLLM publishes nothing), a
 missing one is stored (BlockStored), evicting the least recently used block when the pool is full
 (BlockRemoved). Now and then a node clears its GPU cache (AllBlocksCleared) or restarts (new epoch).
+Every envelope reports load: `kv_usage` is the GPU pools' fill, `running`/`waiting` a fixed cycle.
 
 `fill_store` runs those steps through the same pure code as the analytics agent (`Index.apply`,
-`rows.event_rows`, `restores.RestoreTracker`) and inserts the rows through `AnalyticsSink`, so the
+`rows.event_rows`, `rows.load_row`, `restores.RestoreTracker`) and inserts the rows through `AnalyticsSink`, so the
 saved queries, `kvpipe plan` and the report can be exercised on a realistic store without Kafka. The
 tests use it small; `kvpipe bench analytics` uses it for the capacity-curve and report timings.
 """
@@ -20,7 +21,7 @@ from typing import Iterator
 import msgspec
 
 from processors.analytics.restores import RestoreTracker, refine_reasons
-from processors.analytics.rows import event_rows
+from processors.analytics.rows import event_rows, load_row
 from processors.index import APPLIED, Index
 from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
 from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
@@ -83,8 +84,11 @@ def serving_steps(steps: int, nodes: int = 4, prompts: int = 400, blocks_per_pro
             if fresh:
                 events.append(BlockStored(block_hashes=fresh, parent_block_hash=None, token_ids=[0] * 16 * len(fresh),
                                           block_size=16, lora_id=None, medium="GPU", lora_name=None, group_idx=group))
+        turn = step // nodes  # not from rng: the events stay those of a workload without load
+        usage = sum(map(len, node.gpu.values())) / (node.gpu_blocks * len(node.gpu))
         env = Envelope(v=SCHEMA_MAJOR, node_id=node.name, epoch=node.epoch, seq=node.seq, ts=ts, sent_ts=ts,
-                       group_specs=SPECS if node.seq == 0 else None, num_events=len(events), batch=msgspec.Raw(b"[]"))
+                       group_specs=SPECS if node.seq == 0 else None, num_events=len(events), batch=msgspec.Raw(b"[]"),
+                       running=1 + turn % 8, waiting=turn % 3, kv_usage=round(usage, 4))
         node.seq += 1
         yield env, events
 
@@ -93,10 +97,11 @@ def fill_store(sink, steps, batch_messages: int = 200) -> dict[str, int]:
     """Apply `steps` with the analytics app's row path and write the rows through `sink` (started);
     returns row counts per table."""
     index, tracker = Index(ttl_s=None), RestoreTracker()
-    counts = {"events": 0, "lifetimes": 0, "restores": 0, "messages": 0}
+    counts = {"events": 0, "lifetimes": 0, "restores": 0, "loads": 0, "messages": 0}
     ev_rows: list = []
     lt_rows: list = []
     rs_rows: list = []
+    ld_rows: list = []
     for offset, (env, events) in enumerate(steps):
         outcome, closed = index.apply(env, events, 0, offset)
         if outcome != APPLIED:
@@ -107,18 +112,22 @@ def fill_store(sink, steps, batch_messages: int = 200) -> dict[str, int]:
         ev_rows += event_rows(env, events, 0, offset, env.ts, KINDS)
         rs_rows += tracker.observe(env, events, closed, 0, offset, KINDS)
         lt_rows += closed
+        load = load_row(env, 0, offset)
+        if load is not None:
+            ld_rows.append(load)
         counts["messages"] += 1
         if counts["messages"] % batch_messages == 0:
-            _flush(sink, counts, ev_rows, lt_rows, rs_rows)
-            ev_rows, lt_rows, rs_rows = [], [], []
-    _flush(sink, counts, ev_rows, lt_rows, rs_rows)
+            _flush(sink, counts, ev_rows, lt_rows, rs_rows, ld_rows)
+            ev_rows, lt_rows, rs_rows, ld_rows = [], [], [], []
+    _flush(sink, counts, ev_rows, lt_rows, rs_rows, ld_rows)
     if not sink.flush(600):
         raise RuntimeError(f"the store did not acknowledge the workload's rows: {sink.counters()['store_reason']}")
     return counts
 
 
-def _flush(sink, counts: dict, ev: list, lt: list, rs: list) -> None:
+def _flush(sink, counts: dict, ev: list, lt: list, rs: list, ld: list) -> None:
     counts["events"] += len(ev)
     counts["lifetimes"] += len(lt)
     counts["restores"] += len(rs)
-    sink.submit(ev, lt, rs)
+    counts["loads"] += len(ld)
+    sink.submit(ev, lt, rs, ld)

@@ -113,3 +113,50 @@ def test_capacity_curve_in_sql_on_a_cyclic_trace_is_a_step_at_k(store):
     curve = records(sink, "capacity_curve", node="cyclic", extra="-0.5,0,1,1.25,1.5,2")
     assert {r["capacity"] for r in curve} == {4} and {r["restores"] for r in curve} == {50}
     assert [(r["cache_blocks"], r["hits"]) for r in curve] == [(2, 0), (4, 0), (8, 0), (9, 0), (10, 50), (12, 50)]
+
+
+def test_cpu_tier_hits_equal_a_walk_over_the_workload_events(store):
+    """Independently of the SQL: walk the events in order, count each (node, epoch, group, hash)'s live CPU copies,
+    and call a GPU store with a copy alive a CPU-tier hit."""
+    from schemas.events import BlockRemoved, BlockStored
+
+    sink, _ = store
+    cpu: dict[tuple, int] = defaultdict(int)
+    expected: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0])  # (node, group) → stores, from CPU, tokens
+    for env, events in serving_steps(STEPS):
+        for ev in events:
+            if not isinstance(ev, (BlockStored, BlockRemoved)):
+                continue
+            for h in ev.block_hashes:
+                key = (env.node_id, env.epoch, ev.group_idx, h)
+                if ev.medium == "CPU":
+                    cpu[key] += 1 if isinstance(ev, BlockStored) else -1
+                elif isinstance(ev, BlockStored):
+                    acc = expected[(env.node_id, ev.group_idx)]
+                    acc[0] += 1
+                    if cpu[key] > 0:
+                        acc[1] += 1
+                        acc[2] += ev.block_size
+    got = {(r["node_id"], r["group_idx"]): [r["gpu_stores"], r["from_cpu"], r["tokens_from_cpu"]]
+           for r in records(sink, "cpu_tier_hits")}
+    assert got == dict(expected) and sum(v[1] for v in got.values()) > 100
+
+
+def test_capacity_curve_tokens_follow_each_re_store_block_size_when_they_differ(store):
+    """Tokens saved are hits x block size; a slot whose rows carry different block sizes (an unknown size is 0)
+    sums each hit's own size."""
+    from processors.analytics.restores import RestoreRow
+
+    sink, _ = store
+    rows = [RestoreRow("mixed", 1, 0, "full_attention", "GPU", 1000 + i, (16, 32, 0)[i % 3], 1.0, 2.0, "evicted",
+                       d, 9, 0, 900_000 + i, 0) for i, d in enumerate([0, 3, 5, 8, 12, 15, 20, 30, 40])]
+    uniform = [RestoreRow("uniform", 1, 0, "full_attention", "GPU", 1000 + i, 16, 1.0, 2.0, "evicted", d, 9, 0,
+                          910_000 + i, 0) for i, d in enumerate([0, 3, 5, 8, 12, 15, 20, 30, 40])]
+    sink.submit([], [], rows + uniform)
+    assert sink.flush(30)
+    for node, group in (("mixed", rows), ("uniform", uniform)):
+        curve = records(sink, "capacity_curve", node=node, extra="-0.5,0,1,4")
+        assert [r["cache_blocks"] for r in curve] == [5, 10, 20, 50]
+        for r in curve:
+            hit = [x for x in group if x.stack_distance < r["cache_blocks"]]
+            assert (r["hits"], r["tokens_saved"]) == (len(hit), sum(x.block_size for x in hit)), (node, r)

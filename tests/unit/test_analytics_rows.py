@@ -155,3 +155,58 @@ def test_column_fast_path_equals_the_row_reference():
             fast = event_columns_of(env, events, 3, 77, 99.5, kinds)
             assert fast.columns == event_columns(event_rows(env, events, 3, 77, 99.5, kinds))
             assert len(fast) == len(events)
+
+
+# --- load: one row per applied envelope that reports it (kv_node_load) --------------------------------
+
+
+def _ingested(envs: list[Envelope]):
+    """Each envelope through the real decode + index path, with its message_rows."""
+    from processors.analytics.derive import message_rows
+    from processors.index import Index
+    from processors.ingest import Ingest
+    from schemas.codec import KAFKA_HEADERS, encode_envelope
+
+    index = Index(ttl_s=None)
+    ingest = Ingest(index, 1 << 20)
+    headers = [(k, v.encode() if isinstance(v, str) else v) for k, v in KAFKA_HEADERS]
+    out = []
+    for offset, env in enumerate(envs):
+        result = ingest.handle(encode_envelope(env), headers, 0, offset, env.ts)
+        out.append(message_rows(result, 0, offset, index, None, env.ts))
+    return out
+
+
+def test_load_row_carries_the_report_and_none_for_what_it_left_out():
+    from processors.analytics.rows import LOAD_COLUMNS, load_columns, load_row
+
+    assert load_row(_env([]), 0, 1) is None  # no load reported: no row
+    row = load_row(_env([], running=3, waiting=0, kv_usage=0.25), 2, 40)
+    assert (row.node_id, row.epoch, row.seq, row.ts, row.partition, row.offset) == ("node-a", 3, 17, 1234.5, 2, 40)
+    assert (row.running, row.waiting, row.kv_usage) == (3, 0, 0.25)  # 0 waiting is a report, not a gap
+    partial = load_row(_env([], kv_usage=0.5), 0, 1)
+    assert (partial.running, partial.waiting, partial.kv_usage) == (None, None, 0.5)
+    cols = dict(zip(LOAD_COLUMNS, load_columns([row, partial])))
+    assert cols["ts"] == [1_234_500_000, 1_234_500_000] and cols["running"] == [3, None]
+    assert cols["kafka_offset"] == [40, 1] and cols["kv_usage"] == [0.25, 0.5]
+
+
+def test_load_a_column_cannot_hold_is_null_not_a_failed_insert():
+    from processors.analytics.rows import load_row
+
+    row = load_row(_env([], running=-1, waiting=2**40, kv_usage=float("nan")), 0, 1)
+    assert (row.running, row.waiting, row.kv_usage) == (None, None, None)
+
+
+def test_every_applied_envelope_reporting_load_gives_one_row_heartbeats_too_duplicates_none():
+    stored = [BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[], block_size=16, lora_id=None,
+                          medium="GPU", lora_name=None, group_idx=0)]
+    step = _env(stored, seq=0, running=2, waiting=1, kv_usage=0.1)
+    heartbeat = _env([], seq=1, ts=1240.0, running=0, waiting=0, kv_usage=0.1)
+    silent = _env(stored, seq=2, ts=1241.0)  # reports no load
+    duplicate = _env(stored, seq=0, running=9, waiting=9, kv_usage=0.9)  # a replayed seq: not applied
+    rows = _ingested([step, heartbeat, silent, duplicate])
+    loads = [r[3] for r in rows]
+    assert [[(x.seq, x.running, x.waiting, x.kv_usage, x.offset) for x in ld] for ld in loads] == [
+        [(0, 2, 1, 0.1, 0)], [(1, 0, 0, 0.1, 1)], [], []]
+    assert len(rows[0][0]) == 1 and len(rows[1][0]) == 0  # the heartbeat has load but no event rows

@@ -159,3 +159,51 @@ def test_lifetimes_out_of_event_order_are_walked_in_event_order():
             LifetimeRow("n1", 1, 0, "GPU", 2, 1.0, 2.0, "evicted", 0, 1, 0)]
     rows = tracker.observe(env(1, 2.0, events), events, ends, 0, 1, KINDS)
     assert [(r.block_hash, r.idx, r.stack_distance) for r in rows] == [(1, 3, 2), (2, 4, 2)]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_stack_rebuilt_from_its_key_order_measures_what_the_original_goes_on_measuring(seed):
+    rng = random.Random(seed)
+    history = [rng.randrange(60) for _ in range(400)]
+    more = [rng.randrange(80) for _ in range(400)]
+    original = StackDistance(initial_size=16)
+    for k in history:
+        original.access(k)
+    rebuilt = StackDistance.from_order(original.order())
+    expected = brute_distances(history + more)[len(history):]
+    assert [rebuilt.access(k) for k in more] == [original.access(k) for k in more] == expected
+
+
+def test_a_rebuilt_stack_keeps_only_the_most_recent_keys_of_its_bound():
+    stack = StackDistance.from_order(list(range(100)), max_keys=10)
+    assert len(stack) == 10 and stack.forgotten == 90
+    assert stack.access(95) == 4 and stack.access(50) is None  # 96..99 since 95; 50 is beyond the bound
+
+
+def test_ended_hashes_the_stack_forgot_are_pruned_so_memory_stays_bounded():
+    tracker = RestoreTracker(max_keys_per_slot=16)
+    st = lambda hs: BlockStored(block_hashes=hs, parent_block_hash=None, token_ids=[], block_size=16,  # noqa: E731
+                                lora_id=None, medium="GPU", lora_name=None, group_idx=0)
+    index = Index(ttl_s=None)
+    for seq in range(2000):  # 20,000 distinct hashes, each stored once and evicted (the stack compacts at 4,096)
+        hashes = list(range(seq * 10, seq * 10 + 10))
+        events = [st(hashes), BlockRemoved(block_hashes=hashes, medium="GPU", group_idx=0)]
+        e = env(seq, 1.0 + seq, events)
+        _, closed = index.apply(e, events, 0, seq)
+        tracker.observe(e, events, closed, 0, seq, KINDS)
+    slot = tracker.slots[("n1", 0, "GPU")]
+    # bounded by the largest the stack got (4,096 keys before its first compaction), not by the 20,000 that ended
+    assert len(slot.stack) <= 32 and len(slot.ended) <= slot.prune_at <= 2 * 4096 + 1024
+    assert set(slot.ended) >= set(slot.stack.order())  # what it can still measure is kept
+
+
+def test_forgetting_a_partition_drops_only_its_nodes():
+    tracker = RestoreTracker()
+    st = BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[], block_size=16, lora_id=None,
+                     medium="GPU", lora_name=None, group_idx=0)
+    for p, node in ((0, "a"), (1, "b")):
+        e = msgspec.structs.replace(env(0, 1.0, [st]), node_id=node)
+        tracker.observe(e, [st], [], p, 0, KINDS)
+    tracker.loaded.update({0, 1})
+    tracker.forget_partition(1)
+    assert set(tracker.slots) == {("a", 0, "GPU")} and tracker.loaded == {0}

@@ -203,7 +203,8 @@ def test_parametric_aggregates_keep_their_meaning() -> None:
 def test_allowed_tables_are_those_the_migrations_create() -> None:
     assert allowed_tables() == {"kv_events", "kv_events_final", "kv_block_lifetimes", "kv_block_lifetimes_final",
                                 "kv_group_kinds", "kvpipe_migrations", "kv_restores", "kv_restores_final",
-                                "kv_node_minute", "kv_evictions_minute", "kv_restore_delays"}
+                                "kv_node_minute", "kv_evictions_minute", "kv_restore_delays", "kv_node_load",
+                                "kv_node_load_final", "kv_node_load_minute"}
 
 
 def test_function_allowlist_keeps_host_and_network_functions_out() -> None:

@@ -1,5 +1,8 @@
--- title: Per-node occupancy over time
--- Cached blocks per node, epoch, group and medium at the end of each time bucket: blocks stored
+-- title: Per-node occupancy and load over time
+-- Cached blocks per node, epoch, group and medium at the end of each time bucket, with the node's load beside
+-- them: `running`, `waiting` (requests) and `kv_usage` (the fraction of KV blocks in use, as the node reports
+-- it) from its latest load report at or before the end of the bucket (kv_node_load; a report is whole: a field
+-- it left out is NULL); NULL when the node had reported no load by then. Blocks: stored
 -- minus blocks removed, cumulative in (seq, event) order. AllBlocksCleared carries no medium; vLLM
 -- emits it from the GPU pool's reset (the offloading connector's reset emits nothing for CPU), so it
 -- resets GPU occupancy only. A bucket without events for a series has no row (the value holds).
@@ -42,11 +45,27 @@ WITH
         INNER JOIN (SELECT DISTINCT node_id, epoch, group_idx, medium FROM kv_events_final
                     WHERE kind = 'stored' AND medium = 'GPU') AS g
             ON c.node_id = g.node_id AND c.epoch = g.epoch
+    ),
+    occupancy AS (
+        SELECT bucket, node_id, epoch, group_idx, medium, argMax(blocks, last) AS cached_blocks
+        FROM (SELECT * FROM running UNION ALL SELECT * FROM resets)
+        GROUP BY bucket, node_id, epoch, group_idx, medium
+    ),
+    -- per node and bucket, its latest report (ties in time settled by Kafka order), then carried forward
+    -- to later buckets by the ASOF join below
+    loads AS (
+        SELECT node_id, toStartOfInterval(ts, toIntervalSecond({bucket_s:UInt32})) AS bucket,
+            argMax((running, waiting, kv_usage), (ts, kafka_offset)) AS latest
+        FROM kv_node_load_final
+        GROUP BY node_id, bucket
     )
 SELECT
-    toDateTime64(bucket, 0, 'UTC') AS bucket,
-    node_id, epoch, group_idx, medium,
-    argMax(blocks, last) AS cached_blocks
-FROM (SELECT * FROM running UNION ALL SELECT * FROM resets)
-GROUP BY bucket, node_id, epoch, group_idx, medium
+    toDateTime64(o.bucket, 0, 'UTC') AS bucket,
+    o.node_id AS node_id, o.epoch AS epoch, o.group_idx AS group_idx, o.medium AS medium,
+    o.cached_blocks AS cached_blocks,
+    if(l.node_id = '', NULL, tupleElement(l.latest, 1)) AS running,
+    if(l.node_id = '', NULL, tupleElement(l.latest, 2)) AS waiting,
+    if(l.node_id = '', NULL, tupleElement(l.latest, 3)) AS kv_usage
+FROM occupancy AS o
+ASOF LEFT JOIN loads AS l ON o.node_id = l.node_id AND o.bucket >= l.bucket
 ORDER BY node_id, epoch, group_idx, medium, bucket
