@@ -16,3 +16,7 @@ May import: `schemas` (event structs, kind names), `torch`, and `producer`'s pub
 Must not import `processors` or `infra`. The router (`processors`) may import `gpu.hit`,
 `gpu.retention`, `gpu.specs`, `gpu.layout` and `gpu.hashing`, which import nothing of ours beyond `schemas`.
 """
+
+if not __name__.startswith("kvpipe."):  # one module object per file (kvpipe/__init__.py)
+    raise ImportError(f"import kvpipe.{__name__}, not {__name__}: the repository's top-level folders are "
+                      "subpackages of kvpipe (kvpipe/__init__.py)")

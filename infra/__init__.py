@@ -16,3 +16,7 @@ Owns:
 May import: `schemas.settings` only — nothing else of ours. gpu/, producer/ and processors/
 depend on a running broker, never on this package's code, so they can point at any cluster.
 """
+
+if not __name__.startswith("kvpipe."):  # one module object per file (kvpipe/__init__.py)
+    raise ImportError(f"import kvpipe.{__name__}, not {__name__}: the repository's top-level folders are "
+                      "subpackages of kvpipe (kvpipe/__init__.py)")

@@ -29,6 +29,7 @@ import click
 from schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, configure_logging, log_level_option
 from kvpipe.progress import Progress
 from processors.procrun import free_port
+from processors.analytics.saved import QUERIES_DIR
 from processors.remote import ok_json
 from schemas.settings import Settings, load_settings
 
@@ -273,7 +274,7 @@ class Demo:
         queries = [
             "SELECT group_idx, kind, count() AS events, sum(num_blocks) AS blocks FROM kv_events_final "
             "GROUP BY group_idx, kind ORDER BY group_idx, kind",
-            (Path(__file__).resolve().parent.parent / "infra/clickhouse/queries/swa_fa_eviction_ratio.sql").read_text(),
+            (QUERIES_DIR / "swa_fa_eviction_ratio.sql").read_text(),  # infra/ is inside kvpipe/ once installed
         ]
         for sql in queries:
             try:

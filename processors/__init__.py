@@ -16,3 +16,7 @@ May import: schemas, faust (and aiokafka, which it runs on), prometheus_client, 
 `gpu.specs`, `gpu.hashing`; none imports torch). Nothing here imports producer, gpu internals,
 infra or kvpipe.
 """
+
+if not __name__.startswith("kvpipe."):  # one module object per file (kvpipe/__init__.py)
+    raise ImportError(f"import kvpipe.{__name__}, not {__name__}: the repository's top-level folders are "
+                      "subpackages of kvpipe (kvpipe/__init__.py)")

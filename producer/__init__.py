@@ -6,3 +6,7 @@ Owns: the Kafka publisher (`publisher.Publisher`, confluent-kafka), envelope seq
 benchmark, and the vLLM ZMQ bridge (subpackage `bridge`).
 May import: schemas, confluent-kafka, pyzmq (and the standard library).
 """
+
+if not __name__.startswith("kvpipe."):  # one module object per file (kvpipe/__init__.py)
+    raise ImportError(f"import kvpipe.{__name__}, not {__name__}: the repository's top-level folders are "
+                      "subpackages of kvpipe (kvpipe/__init__.py)")

@@ -13,3 +13,7 @@ Evolving the schema (the rule the golden vectors in tests/conformance enforce):
   processor sends them to the DLQ), so a mixed fleet fails loudly instead of misreading.
 - Every release adds golden byte vectors for the new shape and keeps the old ones passing.
 """
+
+if not __name__.startswith("kvpipe."):  # one module object per file (kvpipe/__init__.py)
+    raise ImportError(f"import kvpipe.{__name__}, not {__name__}: the repository's top-level folders are "
+                      "subpackages of kvpipe (kvpipe/__init__.py)")

@@ -1,10 +1,16 @@
-"""A wheel built from the repository installs without torch and the three server roles start.
+"""A wheel built from the repository installs without torch, adds one import name (`kvpipe`) to
+site-packages, and the three server roles start.
 
 The base install must be what the processors, the analytics app and the bridge need (pyproject.toml:
 torch is the `[gpu]` extra). The check builds the wheel (`pip wheel --no-deps`), makes a fresh venv
 without system site-packages, puts into it exactly the base dependencies' closure taken from the
 project venv (their installed files linked in, no download: the resolver's view is the one `pip check`
 judges), installs the wheel with `--no-deps --no-index`, and runs the roles' `--help` there.
+
+The repository's top-level folders (schemas/, gpu/, producer/, processors/, infra/) are subpackages
+of `kvpipe` in the wheel (pyproject.toml's package-dir): the wheel's metadata names `kvpipe` as its
+only top-level import, every source file of the folders is in it under kvpipe/, and none of the
+folders' names is importable from the fresh venv.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import venv
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -24,6 +31,7 @@ from packaging.requirements import Requirement
 pytestmark = [pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = ("schemas", "gpu", "producer", "processors", "infra")  # the same as kvpipe.FOLDERS
 
 
 def _norm(name: str) -> str:
@@ -85,6 +93,7 @@ def test_wheel_installs_without_torch_and_the_server_roles_start(tmp_path: Path)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
                     str(src)], check=True, timeout=300)
     (wheel,) = wheels.glob("kvpipe-*.whl")
+    _check_wheel_contents(wheel, src)
 
     requirements = _project_requirements()
     assert not any(_norm(Requirement(r).name) == "torch" for r in requirements), "torch is in the base install"
@@ -118,13 +127,44 @@ def test_wheel_installs_without_torch_and_the_server_roles_start(tmp_path: Path)
                           timeout=120)
     assert node.returncode == 2 and "kvpipe[gpu]" in node.stderr, node.stderr[-2000:]
     # Beyond --help: each role's whole module graph (the Faust app, its agents and views) imports.
-    for modules in ("processors.agents, processors.views", "processors.analytics.agents, processors.analytics.views",
-                    "producer.bridge.runner, producer.bridge.cli"):
+    for modules in ("kvpipe.processors.agents, kvpipe.processors.views",
+                    "kvpipe.processors.analytics.agents, kvpipe.processors.analytics.views",
+                    "kvpipe.producer.bridge.runner, kvpipe.producer.bridge.cli"):
         out = subprocess.run([str(py), "-c", f"import {modules}"], cwd=tmp_path, capture_output=True, text=True,
                              env={**run_env, "KVPIPE_STATE_DIR": str(tmp_path / "state")}, timeout=120)
         assert out.returncode == 0, (modules, out.stderr[-2000:])
     version = subprocess.run([str(kvpipe), "--version"], cwd=tmp_path, env=run_env, capture_output=True, text=True)
     assert version.stdout.strip() == f"kvpipe {_declared()}"  # read from the installed distribution's metadata
+
+    # Nothing generic in site-packages: the installed metadata maps one import name to kvpipe, and
+    # the folders' names are not importable (the venv has no other distribution that could own them).
+    tops = subprocess.run([str(py), "-c", "from importlib.metadata import packages_distributions as p; "
+                           "print(' '.join(sorted(t for t, d in p().items() if 'kvpipe' in d)))"],
+                          cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=60)
+    assert tops.stdout.split() == ["kvpipe"], tops.stdout + tops.stderr[-2000:]
+    for name in FOLDERS:
+        gone = subprocess.run([str(py), "-c", f"import {name}"], cwd=tmp_path, env=run_env, capture_output=True,
+                              text=True, timeout=60)
+        assert gone.returncode != 0 and "ModuleNotFoundError" in gone.stderr, (name, gone.stderr[-2000:])
+
+
+def _check_wheel_contents(wheel: Path, src: Path) -> None:
+    """`kvpipe` is the wheel's only top-level name; each folder's files are in it under kvpipe/."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        (info,) = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")}
+        assert zf.read(f"{info}/top_level.txt").decode().split() == ["kvpipe"]
+        record = zf.read(f"{info}/RECORD").decode().splitlines()
+    assert {line.split(",")[0].split("/")[0] for line in record} == {"kvpipe", info}
+    expected = set()
+    for folder in (*FOLDERS, "kvpipe"):
+        for path in (src / folder).rglob("*"):
+            rel = path.relative_to(src / folder).as_posix()
+            if path.suffix == ".py" or (folder == "infra" and path.suffix in (".yaml", ".sql", ".sh", ".xml")
+                                        and "grafana" not in rel):
+                expected.add(f"kvpipe/{rel}" if folder == "kvpipe" else f"kvpipe/{folder}/{rel}")
+    assert expected <= names, f"missing from the wheel (pyproject.toml's packages): {sorted(expected - names)[:20]}"
+    assert not {n for n in names if n.startswith("kvpipe/tests/") or n.startswith("tests/")}
 
 
 def _declared() -> str:
@@ -141,9 +181,10 @@ def test_no_base_role_module_imports_torch_at_import_time(tmp_path: Path) -> Non
 import importlib, pkgutil, sys
 sys.modules["torch"] = None
 sys.modules["numpy"] = None
-gpu_extra = ("gpu.bench_offload", "gpu.canonical", "gpu.kv_tensors", "gpu.offload", "gpu.offload_checks", "gpu.node")
+gpu_extra = ("kvpipe.bench.offload", "kvpipe.gpu.canonical", "kvpipe.gpu.kv_tensors", "kvpipe.gpu.offload",
+             "kvpipe.gpu.offload_checks", "kvpipe.gpu.node")
 bad = []
-for pkg in ("schemas", "processors", "producer", "infra", "kvpipe", "gpu"):
+for pkg in ("kvpipe.schemas", "kvpipe.processors", "kvpipe.producer", "kvpipe.infra", "kvpipe", "kvpipe.gpu"):
     for info in pkgutil.walk_packages(importlib.import_module(pkg).__path__, pkg + "."):
         if info.name.endswith("__main__") or info.name.startswith(gpu_extra):
             continue
