@@ -13,8 +13,8 @@ Everything here except the tensor, offload and node modules is pure Python with 
 torch (the `kvpipe[gpu]` extra), the rest imports without it (the router uses it).
 
 May import: `schemas` (event structs, kind names), `torch`, and `producer`'s publish interface only.
-Must not import `processors` or `infra`. The router (`processors`) may import `gpu.hit`,
-`gpu.retention`, `gpu.specs`, `gpu.layout` and `gpu.hashing`, which import nothing of ours beyond `schemas`.
+Must not import `processors` or `infra`. The router (`processors`) may import `kvpipe.gpu.hit`,
+`kvpipe.gpu.retention`, `kvpipe.gpu.specs`, `kvpipe.gpu.layout` and `kvpipe.gpu.hashing`, which import nothing of ours beyond `schemas`.
 """
 
 if not __name__.startswith("kvpipe."):  # one module object per file (kvpipe/__init__.py)

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gpu.hashing import block_extra_keys, external_hash, to_event_extra_keys
-from schemas.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
+from kvpipe.gpu.hashing import block_extra_keys, external_hash, to_event_extra_keys
+from kvpipe.schemas.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
 
 
 class KVBlock:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu.kv_tensors import KVCacheTensors, KVLayout, LayerKVCache
+from kvpipe.gpu.kv_tensors import KVCacheTensors, KVLayout, LayerKVCache
 
 
 @dataclass(frozen=True, slots=True)

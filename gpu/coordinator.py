@@ -1,6 +1,6 @@
 """The coordinator: one node's groups, their managers and the shared pool, seen as one cache.
 
-It only coordinates — lookups go to `gpu.hit.find_hit` (the function the router also runs) with
+It only coordinates — lookups go to `kvpipe.gpu.hit.find_hit` (the function the router also runs) with
 lookups into the pool, and per-group work goes to the managers.
 
 Decisions (vLLM 0.33's HybridKVCacheCoordinator):
@@ -9,7 +9,7 @@ Decisions (vLLM 0.33's HybridKVCacheCoordinator):
   serve a hit at an unreachable length (a SWA bs16 group next to an FA bs32 group caches hashes
   0-5 of a 112-token prompt, not 0-6). One group: no rounding (its block is the scheduler block).
 * Equal specs are merged and looked up together; cross-attention groups take no part.
-* Fine-grained (partial) hits: when `gpu.hit.partial_hits_enabled` (a Mamba align group coarser
+* Fine-grained (partial) hits: when `kvpipe.gpu.hit.partial_hits_enabled` (a Mamba align group coarser
   than the hash unit), hits land on the hash unit and nothing offered for caching is rounded
   (partial entries sit inside blocks). The hash unit may be given explicitly below the gcd
   (`prefix_match_unit`).
@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from gpu.block_pool import BlockPool, KVBlock
-from gpu.hit import Lookup, SpecGroup, ViewCache, find_hit, partial_hits_enabled, split_spec_groups
-from gpu.retention import replay_boundaries
-from gpu.single_type_managers import SingleTypeManager, make_manager
-from gpu.specs import KVSpec, resolve_block_sizes
+from kvpipe.gpu.block_pool import BlockPool, KVBlock
+from kvpipe.gpu.hit import Lookup, SpecGroup, ViewCache, find_hit, partial_hits_enabled, split_spec_groups
+from kvpipe.gpu.retention import replay_boundaries
+from kvpipe.gpu.single_type_managers import SingleTypeManager, make_manager
+from kvpipe.gpu.specs import KVSpec, resolve_block_sizes
 
 
 class KVCacheCoordinator:

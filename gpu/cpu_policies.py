@@ -1,6 +1,6 @@
 """Replacement policies of the CPU tier (vLLM 0.33 semantics): request-ranked LRU and ARC.
 
-A policy owns the chunk index (key -> Chunk) and decides what to evict; the tier (`gpu.cpu_tier`)
+A policy owns the chunk index (key -> Chunk) and decides what to evict; the tier (`kvpipe.gpu.cpu_tier`)
 owns reference counts, the chunk pool and events, and tells the policy when a chunk becomes
 evictable (ref_cnt reaches 0) or stops being so.
 """
@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-OffloadKey = bytes  # block hash bytes followed by the group index as u32 big-endian (gpu.cpu_tier)
+OffloadKey = bytes  # block hash bytes followed by the group index as u32 big-endian (kvpipe.gpu.cpu_tier)
 
 _T = TypeVar("_T")
 

@@ -1,7 +1,7 @@
 """The CPU tier's bookkeeping: which offload keys sit in which host chunk, in which state, what to
 evict, and the group-tagged KV events it owes the publisher (vLLM 0.33 `CPUOffloadingManager`).
 
-Pure logic with no tensors: the bytes live in `gpu.offload.HostBuffers`, indexed by the chunk ids
+Pure logic with no tensors: the bytes live in `kvpipe.gpu.offload.HostBuffers`, indexed by the chunk ids
 this tier hands out. The caller moves bytes between the two calls of each protocol:
 `prepare_store` -> copy device->host -> `complete_store`, and `prepare_load` -> copy host->device
 -> `complete_load`.
@@ -12,9 +12,9 @@ import enum
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from gpu.cpu_policies import POLICIES, CachePolicy, Chunk, OffloadKey, ReqContext
-from gpu.hashing import external_hash, group_key
-from schemas.events import MEDIUM_CPU, BlockRemoved, BlockStored
+from kvpipe.gpu.cpu_policies import POLICIES, CachePolicy, Chunk, OffloadKey, ReqContext
+from kvpipe.gpu.hashing import external_hash, group_key
+from kvpipe.schemas.events import MEDIUM_CPU, BlockRemoved, BlockStored
 
 __all__ = ["CpuTier", "LookupResult", "OffloadKey", "PrepareStoreOutput", "ReqContext",
            "make_offload_key", "offload_key_group", "offload_key_hash"]

@@ -1,6 +1,6 @@
 """Hits against an external KV pool (a shared store holding `(group, hash)` entries).
 
-The same hybrid search as the node's own cache (`gpu.hit`), over a membership set instead of a
+The same hybrid search as the node's own cache (`kvpipe.gpu.hit`), over a membership set instead of a
 block pool, so an external pool and the GPU agree on what a prefix is worth. Masks tell, per
 group, which block slots must actually be loaded: sparse groups (sliding window, Mamba) load only
 their tail, full attention loads everything up to the hit.
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from gpu.hit import HybridHit, default_alignment, longest_hybrid_hit, split_spec_groups
-from gpu.retention import reachable_block_mask, replay_boundaries
-from gpu.specs import CrossAttention, KVSpec, Mamba, resolve_block_sizes
+from kvpipe.gpu.hit import HybridHit, default_alignment, longest_hybrid_hit, split_spec_groups
+from kvpipe.gpu.retention import reachable_block_mask, replay_boundaries
+from kvpipe.gpu.specs import CrossAttention, KVSpec, Mamba, resolve_block_sizes
 
 
 def validate_external_config(specs: Sequence[KVSpec], *, prefill_context_parallel: int = 1,
@@ -42,7 +42,7 @@ class ExternalCoordinator:
                  retention: int | None = None, prefix_match_unit: int | None = None,
                  partial_hits: bool = True) -> None:
         """`partial_hits`: whether the serving core resolved fine-grained hits (then, as there,
-        hits land on the hash unit when `gpu.hit.partial_hits_enabled`; else on the lcm)."""
+        hits land on the hash unit when `kvpipe.gpu.hit.partial_hits_enabled`; else on the lcm)."""
         validate_external_config(specs)
         self.specs = list(specs)
         self.scheduler_block_size, self.hash_block_size = resolve_block_sizes(self.specs, prefix_match_unit)

@@ -113,7 +113,7 @@ class BlockHasher:
 
     def hash_config(self, hash_block_size: int, int_hashes: bool = True) -> Any:
         """The envelope's HashConfig describing this hasher."""
-        from schemas.envelope import HashConfig
+        from kvpipe.schemas.envelope import HashConfig
 
         return HashConfig(algorithm=self.algorithm, hash_block_size=hash_block_size,
                           none_hash_seed_rule=self.seed_rule,

@@ -35,7 +35,7 @@ from collections.abc import Callable, Collection, Container, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from gpu.specs import ChunkedLocal, FullAttention, KVSpec, Mamba, SlidingWindow
+from kvpipe.gpu.specs import ChunkedLocal, FullAttention, KVSpec, Mamba, SlidingWindow
 
 # Lookup for one spec group: a truthy value when every member group holds the hash, else falsy.
 Lookup = Callable[[bytes], Any]

@@ -19,13 +19,13 @@ from typing import Any
 
 import msgspec
 
-from gpu.block_pool import KVBlock
-from gpu.coordinator import KVCacheCoordinator
-from gpu.hashing import BlockHasher, RequestKeys
-from gpu.request import Request
-from gpu.specs import KVSpec, Mamba
-from schemas.envelope import GroupSpec
-from schemas.events import BlockStored
+from kvpipe.gpu.block_pool import KVBlock
+from kvpipe.gpu.coordinator import KVCacheCoordinator
+from kvpipe.gpu.hashing import BlockHasher, RequestKeys
+from kvpipe.gpu.request import Request
+from kvpipe.gpu.specs import KVSpec, Mamba
+from kvpipe.schemas.envelope import GroupSpec
+from kvpipe.schemas.events import BlockStored
 
 
 class KVCacheManager:

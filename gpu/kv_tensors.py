@@ -1,8 +1,8 @@
 """KV cache tensors of a simulated node, allocated in the layouts real attention backends use.
 
 Only memory geometry lives here (how many bytes a block takes and where they sit); which attention
-type a group serves is `gpu.specs`'s business. The offload path never looks at these typed tensors
-directly: `gpu.canonical` turns them into uint8 `(num_blocks, page_bytes)` views first.
+type a group serves is `kvpipe.gpu.specs`'s business. The offload path never looks at these typed tensors
+directly: `kvpipe.gpu.canonical` turns them into uint8 `(num_blocks, page_bytes)` views first.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A node's published layout (group specs + hash config) → what its hit search needs.
 
 The router and the processor read a node's envelopes through `node_layout`: the layout rules
-(`schemas.layout.layout_problem`, also used by the bridge) first, then the specs `gpu.hit` runs on,
+(`kvpipe.schemas.layout.layout_problem`, also used by the bridge) first, then the specs `kvpipe.gpu.hit` runs on,
 the hash unit, where hits land (the unit when partial hits are on, else the lcm) and the EAGLE groups.
 """
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpu.hit import default_alignment, partial_hits_enabled, supports_fine_grained
-from gpu.specs import ChunkedLocal, KVSpec, from_group_spec, resolve_block_sizes
-from schemas.envelope import GroupSpec, HashConfig
-from schemas.layout import layout_problem as wire_layout_problem
+from kvpipe.gpu.hit import default_alignment, partial_hits_enabled, supports_fine_grained
+from kvpipe.gpu.specs import ChunkedLocal, KVSpec, from_group_spec, resolve_block_sizes
+from kvpipe.schemas.envelope import GroupSpec, HashConfig
+from kvpipe.schemas.layout import layout_problem as wire_layout_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,7 @@ def node_layout(group_specs: Sequence[GroupSpec], hash_config: HashConfig | None
 
 def layout_problem(group_specs: Sequence[GroupSpec], hash_config: HashConfig | None, *,
                    context_parallel: int = 1, store_connector: bool = False) -> str | None:
-    """Why vLLM would refuse this layout (None: accepted): the wire rules of `schemas.layout`
+    """Why vLLM would refuse this layout (None: accepted): the wire rules of `kvpipe.schemas.layout`
     plus those that need the hit rules (chunked local attention where hits land off its block)."""
     problem = wire_layout_problem(group_specs, hash_config, context_parallel=context_parallel,
                                   store_connector=store_connector)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gpu.canonical import CanonicalCaches
+from kvpipe.gpu.canonical import CanonicalCaches
 
 # A run-per-op copy pays ~10 us of dispatch per run; below this average run length the two-pass
 # staging path (gather, then scatter: always 2 ops per tensor) is cheaper.

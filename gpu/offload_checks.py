@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from gpu.canonical import CanonicalCaches
-from gpu.offload import GroupTransfer, HostBuffers
+from kvpipe.gpu.canonical import CanonicalCaches
+from kvpipe.gpu.offload import GroupTransfer, HostBuffers
 
 
 def row_checksums(rows: torch.Tensor) -> torch.Tensor:

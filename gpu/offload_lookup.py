@@ -2,7 +2,7 @@
 GPU prefix hit can be loaded from the CPU tier, and which chunks a group stores or loads.
 
 Pure functions over keys and a `lookup(key) -> LookupResult` callable; hashing is not done here
-(callers pass the request's fine block hashes from `gpu.hashing`).
+(callers pass the request's fine block hashes from `kvpipe.gpu.hashing`).
 
 Units: a *chunk* is `blocks_per_chunk` GPU blocks of one group (`tokens_per_chunk` tokens); a chunk's
 key is the last fine hash inside it, tagged with the group — chained hashes make it name the whole
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from gpu.cpu_tier import LookupResult, OffloadKey, make_offload_key
-from gpu.specs import ChunkedLocal, FullAttention, KVSpec, Mamba, SlidingWindow
+from kvpipe.gpu.cpu_tier import LookupResult, OffloadKey, make_offload_key
+from kvpipe.gpu.specs import ChunkedLocal, FullAttention, KVSpec, Mamba, SlidingWindow
 
 Lookup = Callable[[OffloadKey], LookupResult]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from gpu.hashing import BlockHasher, RequestKeys, hash_request_blocks
+from kvpipe.gpu.hashing import BlockHasher, RequestKeys, hash_request_blocks
 
 
 class Request:

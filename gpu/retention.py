@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpu.hit import sliding_blocks_needed
-from gpu.specs import KVSpec, Mamba, SlidingWindow
+from kvpipe.gpu.hit import sliding_blocks_needed
+from kvpipe.gpu.specs import KVSpec, Mamba, SlidingWindow
 
 
 def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, eagle: bool) -> tuple[int, ...]:

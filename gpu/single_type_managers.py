@@ -4,7 +4,7 @@ One manager per group; all managers of a node share one block pool. A manager ow
 request's block table (`req_to_blocks`, null blocks for skipped slots) and how many of its blocks
 are already cached (`num_cached_block`), and decides which leading blocks attention no longer
 reads (`num_skipped_tokens`) so they can be freed early. Hit *search* is not here: it is the pure
-`gpu.hit` module, shared with the router.
+`kvpipe.gpu.hit` module, shared with the router.
 
 Invariants:
 * `num_cached_block[r]` counts leading slots that were cached or deliberately skipped (hit
@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpu.block_pool import BlockPool, KVBlock
-from gpu.hit import cdiv
-from gpu.retention import reachable_block_mask
-from gpu.specs import ChunkedLocal, CrossAttention, FullAttention, KVSpec, Mamba, SlidingWindow
+from kvpipe.gpu.block_pool import BlockPool, KVBlock
+from kvpipe.gpu.hit import cdiv
+from kvpipe.gpu.retention import reachable_block_mask
+from kvpipe.gpu.specs import ChunkedLocal, CrossAttention, FullAttention, KVSpec, Mamba, SlidingWindow
 
 
 class SingleTypeManager:

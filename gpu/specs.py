@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schemas.layout import resolve_hash_unit
-from schemas.envelope import (
+from kvpipe.schemas.layout import resolve_hash_unit
+from kvpipe.schemas.envelope import (
     KIND_CHUNKED_LOCAL,
     KIND_CROSS,
     KIND_FULL,
@@ -114,7 +114,7 @@ def resolve_block_sizes(specs: Sequence[KVSpec], prefix_match_unit: int | None =
     `prefix_match_unit` is an explicit hash unit (vLLM's `--prefix-match-unit`): hybrid models
     hash at it instead of the gcd, provided every prefix-cacheable block is a whole number of
     units; a one-group model accepts only its own block size (its hits land on the block). The
-    rule itself is `schemas.layout.resolve_hash_unit`, shared with the bridge and processor."""
+    rule itself is `kvpipe.schemas.layout.resolve_hash_unit`, shared with the bridge and processor."""
     return resolve_hash_unit([s.block_size for s in specs], [s.prefix_cacheable for s in specs],
                              any(isinstance(s, Mamba) and s.mode != "align" for s in specs), prefix_match_unit)
 

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import click
 
-from infra.errors import InfraError
-from schemas.cliopts import Group, apply_bootstrap, bootstrap_server_option, run
-from schemas.settings import Settings, SettingsError, load_settings
+from kvpipe.infra.errors import InfraError
+from kvpipe.schemas.cliopts import Group, apply_bootstrap, bootstrap_server_option, run
+from kvpipe.schemas.settings import Settings, SettingsError, load_settings
 
 EXIT_DOWN = 3  # `status` when nothing answers, like `systemctl status` (LSB: "program is not running")
 
 
-def broker_config(s: Settings):  # -> infra.kafka.config.BrokerConfig
-    from infra.kafka.config import BrokerConfig
+def broker_config(s: Settings):  # -> kvpipe.infra.kafka.config.BrokerConfig
+    from kvpipe.infra.kafka.config import BrokerConfig
 
     secure = {}
     if s.kafka_local_secure:
@@ -34,7 +34,7 @@ def broker_config(s: Settings):  # -> infra.kafka.config.BrokerConfig
 
 
 def _specs(s: Settings, brokers: int = 1):
-    from infra.topics import default_specs
+    from kvpipe.infra.topics import default_specs
 
     return default_specs(s.events_topic, s.dlq_topic, s.snapshot_topic, s.partitions, s.analytics_snapshot_topic,
                          replication=min(brokers, 3))
@@ -43,14 +43,14 @@ def _specs(s: Settings, brokers: int = 1):
 def _cluster_nodes(s: Settings) -> int:
     """Nodes of the local cluster: as configured (`--brokers`, kafka_brokers), else as found under
     the state dir, so `down` and `status` need no flag."""
-    from infra.kafka.cluster import present_nodes
+    from kvpipe.infra.kafka.cluster import present_nodes
 
     return s.kafka_brokers if s.kafka_brokers > 1 else present_nodes(broker_config(s))
 
 
 def cmd_up_cluster(s: Settings, timeout: float) -> int:
-    from infra.kafka.cluster import LocalCluster
-    from infra.topics import ensure_topics
+    from kvpipe.infra.kafka.cluster import LocalCluster
+    from kvpipe.infra.topics import ensure_topics
 
     t0 = time.monotonic()
     cluster = LocalCluster(broker_config(s), s.kafka_brokers)
@@ -66,8 +66,8 @@ def cmd_up_cluster(s: Settings, timeout: float) -> int:
 
 
 def cmd_up(s: Settings, timeout: float) -> int:
-    from infra.kafka.local import LocalKafka, broker_answers
-    from infra.topics import ensure_topics
+    from kvpipe.infra.kafka.local import LocalKafka, broker_answers
+    from kvpipe.infra.topics import ensure_topics
 
     if s.is_local_kafka() and s.kafka_brokers > 1:
         return cmd_up_cluster(s, timeout)
@@ -91,14 +91,14 @@ def cmd_up(s: Settings, timeout: float) -> int:
 
 
 def cmd_down(s: Settings, purge: bool) -> int:
-    from infra.kafka.local import LocalKafka
+    from kvpipe.infra.kafka.local import LocalKafka
 
     if not s.is_local_kafka():
         print(f"kafka: external cluster {s.bootstrap()} is not managed by kvpipe; nothing to stop")
         return 0
     nodes = _cluster_nodes(s)
     if nodes > 1:
-        from infra.kafka.cluster import LocalCluster
+        from kvpipe.infra.kafka.cluster import LocalCluster
 
         print(LocalCluster(broker_config(s), nodes).down(purge=purge))
     single = LocalKafka(broker_config(s))
@@ -109,7 +109,7 @@ def cmd_down(s: Settings, purge: bool) -> int:
 
 def _status_cluster(s: Settings, nodes: int) -> str:
     """Print each node's state; returns the bootstrap of the running cluster, "" if no node runs."""
-    from infra.kafka.cluster import LocalCluster
+    from kvpipe.infra.kafka.cluster import LocalCluster
 
     cluster = LocalCluster(broker_config(s), nodes)
     print(f"kafka: local {nodes}-node cluster, state {cluster.root}")
@@ -124,8 +124,8 @@ def _status_cluster(s: Settings, nodes: int) -> str:
 
 
 def cmd_status(s: Settings, all_topics: bool) -> int:
-    from infra.kafka.local import LocalKafka, broker_answers
-    from infra.topics import list_topics
+    from kvpipe.infra.kafka.local import LocalKafka, broker_answers
+    from kvpipe.infra.topics import list_topics
 
     bootstrap = s.bootstrap()
     nodes = _cluster_nodes(s) if s.is_local_kafka() else 0

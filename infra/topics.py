@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from infra.errors import InfraError
+from kvpipe.infra.errors import InfraError
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def default_specs(events_topic: str, dlq_topic: str, snapshot_topic: str, partit
 def _admin(bootstrap: str):  # -> confluent_kafka.admin.AdminClient (lazy import keeps --help fast)
     from confluent_kafka.admin import AdminClient
 
-    from schemas.settings import load_settings
+    from kvpipe.schemas.settings import load_settings
 
     # TLS/SASL from the settings (docs/security.md), the same for every cluster this process talks to
     return AdminClient({**load_settings().kafka_confluent_security(), "bootstrap.servers": bootstrap})

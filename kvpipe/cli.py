@@ -14,19 +14,19 @@ from typing import Any
 
 import click
 
-from schemas.cliopts import CONTEXT_SETTINGS, run
+from kvpipe.schemas.cliopts import CONTEXT_SETTINGS, run
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "infra": ("infra.cli:infra", "start/stop/inspect the local Apache Kafka broker and topics"),
-    "node": ("gpu.node.cli:node", "run a simulated serving node (hybrid KV cache manager + offload)"),
-    "bridge": ("producer.bridge.cli:bridge", "forward a real vLLM node's ZMQ KV events into Kafka"),
-    "processor": ("processors.cli:processor", "run the routing index app (Faust; /route, /nodes, /stats)"),
-    "analytics": ("processors.analytics.cli:analytics", "run the analytics app (Faust; rows to ClickHouse, /sql)"),
-    "route": ("processors.cli:route", "ask a running processor which nodes hold a prefix"),
-    "sql": ("processors.analytics.cli:sql", "run a read-only SQL query (or a saved one) on the analytics store"),
-    "plan": ("processors.analytics.cli:plan", "the capacity curve: hits N more/fewer cache blocks would give"),
-    "report": ("processors.analytics.cli:report", "write the capacity-planning report (self-contained HTML)"),
-    "inspect": ("producer.inspect:inspect", "decode a vLLM payload, ZMQ capture or kvpipe envelope to JSON"),
+    "infra": ("kvpipe.infra.cli:infra", "start/stop/inspect the local Apache Kafka broker and topics"),
+    "node": ("kvpipe.gpu.node.cli:node", "run a simulated serving node (hybrid KV cache manager + offload)"),
+    "bridge": ("kvpipe.producer.bridge.cli:bridge", "forward a real vLLM node's ZMQ KV events into Kafka"),
+    "processor": ("kvpipe.processors.cli:processor", "run the routing index app (Faust; /route, /nodes, /stats)"),
+    "analytics": ("kvpipe.processors.analytics.cli:analytics", "run the analytics app (Faust; rows to ClickHouse, /sql)"),
+    "route": ("kvpipe.processors.cli:route", "ask a running processor which nodes hold a prefix"),
+    "sql": ("kvpipe.processors.analytics.cli:sql", "run a read-only SQL query (or a saved one) on the analytics store"),
+    "plan": ("kvpipe.processors.analytics.cli:plan", "the capacity curve: hits N more/fewer cache blocks would give"),
+    "report": ("kvpipe.processors.analytics.cli:report", "write the capacity-planning report (self-contained HTML)"),
+    "inspect": ("kvpipe.producer.inspect:inspect", "decode a vLLM payload, ZMQ capture or kvpipe envelope to JSON"),
     "demo": ("kvpipe.demo:demo", "run the whole pipeline end to end on the embedded defaults"),
     "bench": ("kvpipe.bench:bench", "run a benchmark; last stdout line is one JSON object"),
 }

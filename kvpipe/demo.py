@@ -26,12 +26,12 @@ from pathlib import Path
 
 import click
 
-from schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, configure_logging, log_level_option
+from kvpipe.schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, configure_logging, log_level_option
 from kvpipe.progress import Progress
-from processors.procrun import free_port
-from processors.analytics.saved import QUERIES_DIR
-from processors.remote import ok_json
-from schemas.settings import Settings, load_settings
+from kvpipe.bench.procrun import free_port
+from kvpipe.processors.analytics.saved import QUERIES_DIR
+from kvpipe.processors.remote import ok_json
+from kvpipe.schemas.settings import Settings, load_settings
 
 NODES = [
     # node id, seed, extra flags
@@ -50,7 +50,7 @@ class DemoOptions:
 
 
 def _http(url: str, body: dict | None = None, timeout: float = 10.0) -> dict:
-    # the processor may require KVPIPE_API_TOKEN: processors.remote sends it
+    # the processor may require KVPIPE_API_TOKEN: kvpipe.processors.remote sends it
     return ok_json(url, body, timeout=timeout)
 
 
@@ -84,9 +84,9 @@ class Demo:
     # --- set-up and tear-down ----------------------------------------------------------------------
 
     def start_broker(self) -> None:
-        from infra.cli import broker_config
-        from infra.kafka.local import LocalKafka
-        from infra.topics import default_specs, ensure_topics
+        from kvpipe.infra.cli import broker_config
+        from kvpipe.infra.kafka.local import LocalKafka
+        from kvpipe.infra.topics import default_specs, ensure_topics
 
         if self.s.is_local_kafka():
             st = LocalKafka(broker_config(self.s)).up(timeout=120)
@@ -135,8 +135,8 @@ class Demo:
         """Two malformed messages (garbage, a truncated envelope) to show the DLQ path."""
         from confluent_kafka import Producer
 
-        from schemas.codec import encode_envelope
-        from schemas.envelope import Envelope
+        from kvpipe.schemas.codec import encode_envelope
+        from kvpipe.schemas.envelope import Envelope
 
         good = encode_envelope(Envelope(v=1, node_id="intruder", epoch=1, seq=0, ts=time.time()))
         p = Producer(self.s.kafka_confluent_config())
@@ -156,14 +156,14 @@ class Demo:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         try:
-            from infra.topics import delete_topics
+            from kvpipe.infra.topics import delete_topics
 
             delete_topics(self.s.bootstrap(), list(self.topics.values()))
         except Exception as exc:  # the demo's result stands; say what was left behind
             print(f"note: could not delete demo topics: {exc}", file=sys.stderr)
         if self.started_broker:
-            from infra.cli import broker_config
-            from infra.kafka.local import LocalKafka
+            from kvpipe.infra.cli import broker_config
+            from kvpipe.infra.kafka.local import LocalKafka
 
             print(f"kafka: {LocalKafka(broker_config(self.s)).down()}", file=sys.stderr)
 
@@ -289,8 +289,8 @@ class Demo:
             for row in result.get("rows", []):
                 print(f"  {row}")
             ok = ok and bool(result.get("rows"))
-        from processors.analytics.report import build_report  # the capacity report, read through /sql
-        from processors.remote import ProcessorSql
+        from kvpipe.processors.analytics.report import build_report  # the capacity report, read through /sql
+        from kvpipe.processors.remote import ProcessorSql
 
         report = build_report(ProcessorSql(self.analytics_base, timeout=60), self.state / "report.html")
         print(f"capacity-planning report (open in a browser, works offline): {report}")

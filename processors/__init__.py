@@ -12,8 +12,8 @@ scatter-gather across workers (`scatter`), Prometheus metrics (`metrics`), the t
 logic (`router`), the `kvpipe processor|route` commands (`cli`), the ingest benchmark (`bench`),
 and the analytics app (`analytics`). How they fit: docs/architecture.md.
 May import: schemas, faust (and aiokafka, which it runs on), prometheus_client, clickhouse-connect
-(only under `analytics/`, never from the routing app's modules), and gpu's pure modules (`gpu.hit`,
-`gpu.specs`, `gpu.hashing`; none imports torch). Nothing here imports producer, gpu internals,
+(only under `analytics/`, never from the routing app's modules), and gpu's pure modules (`kvpipe.gpu.hit`,
+`kvpipe.gpu.specs`, `kvpipe.gpu.hashing`; none imports torch). Nothing here imports producer, gpu internals,
 infra or kvpipe.
 """
 

@@ -5,14 +5,14 @@ import asyncio
 import logging
 import time
 
-from processors import rebalance
-from processors.app import app, batch_handlers, settings
-from processors.index import APPLIED, REFUSED
-from processors.ingest import DLQ, dlq_record
-from processors.lograte import RateLimitedLog
-from processors.state import runtime
-from processors.topics import dlq_topic, events_topic, snapshot_topic
-from schemas.codec import DecodeError
+from kvpipe.processors import rebalance
+from kvpipe.processors.app import app, batch_handlers, settings
+from kvpipe.processors.index import APPLIED, REFUSED
+from kvpipe.processors.ingest import DLQ, dlq_record
+from kvpipe.processors.lograte import RateLimitedLog
+from kvpipe.processors.state import runtime
+from kvpipe.processors.topics import dlq_topic, events_topic, snapshot_topic
+from kvpipe.schemas.codec import DecodeError
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ async def ingest(stream) -> None:
 
 
 async def ingest_batch(records, still_current) -> int:
-    """One partition's fetched records in offset order, from the consumer (processors.batchdelivery):
+    """One partition's fetched records in offset order, from the consumer (kvpipe.processors.batchdelivery):
     what the agent above does per message, per run. Returns how many were handled from the front:
     all of them, unless a rebalance began while a DLQ copy was being sent (the rest is fetched again)."""
     done = 0
@@ -110,7 +110,7 @@ def _dlq_failed(msg, error: DecodeError, exc: BaseException) -> None:
 async def expire_silent_nodes() -> None:
     now = time.time()
     for p in list(runtime.ingest.applied_offset):
-        # The lifetimes it closes are the analytics app's business (processors.analytics.agents).
+        # The lifetimes it closes are the analytics app's business (kvpipe.processors.analytics.agents).
         runtime.index.expire(partition_now(p, now), settings.node_ttl_s, partition=p)
 
 

@@ -1,5 +1,5 @@
 """The HTTP API's logic as plain functions: `/nodes` paging and answers (the router endpoints'
-logic is `processors.routeapi`; metrics are `processors.metrics`).
+logic is `kvpipe.processors.routeapi`; metrics are `kvpipe.processors.metrics`).
 
 `views` only moves bytes between aiohttp and these functions, so every rule here is testable
 without a server. Bad input raises `ApiError` (→ a 4xx JSON body `{"error", "detail"}`).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 from typing import Any, Mapping
 
-from processors.index import Index, NodeState, partial_fields
+from kvpipe.processors.index import Index, NodeState, partial_fields
 
 
 class ApiError(ValueError):

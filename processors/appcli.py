@@ -1,13 +1,13 @@
 """What starting either Faust app (`kvpipe processor`, `kvpipe analytics`) shares: the command's flags
 become `KVPIPE_*` variables (each app reads its settings once, at import, from the environment),
-the settings load, and the exposure rule is checked (processors.webauth) before any worker starts."""
+the settings load, and the exposure rule is checked (kvpipe.processors.webauth) before any worker starts."""
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Mapping
 
-from schemas.settings import Settings, SettingsError, load_settings
+from kvpipe.schemas.settings import Settings, SettingsError, load_settings
 
 
 def worker_settings(prog: str, flags: Mapping[str, object], insecure: bool) -> Settings | None:
@@ -18,7 +18,7 @@ def worker_settings(prog: str, flags: Mapping[str, object], insecure: bool) -> S
     except SettingsError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return None
-    from processors.webauth import ExposureError, check_exposure
+    from kvpipe.processors.webauth import ExposureError, check_exposure
 
     try:
         check_exposure(settings, insecure)

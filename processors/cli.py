@@ -1,5 +1,5 @@
 """`kvpipe processor` (the routing index app) and `kvpipe route`. `kvpipe sql` and `kvpipe analytics`
-live in `processors.analytics.cli`."""
+live in `kvpipe.processors.analytics.cli`."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from processors.appcli import worker_settings
-from schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, json_option, log_level_option
-from schemas.settings import SettingsError, load_settings
+from kvpipe.processors.appcli import worker_settings
+from kvpipe.schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, json_option, log_level_option
+from kvpipe.schemas.settings import SettingsError, load_settings
 
 
 @click.command("processor", cls=Command, help=(
@@ -48,8 +48,8 @@ def processor(web_port: int | None, web_host: str | None, insecure: bool, state_
         return 2
     from faust.worker import Worker
 
-    from processors import agents, views  # noqa: F401  (registers the agent, timers and pages)
-    from processors.app import app
+    from kvpipe.processors import agents, views  # noqa: F401  (registers the agent, timers and pages)
+    from kvpipe.processors.app import app
 
     os.makedirs(settings.state_path("processor"), exist_ok=True)
     # Worker installs SIGTERM/SIGINT handlers that stop the app cleanly (final snapshot included).
@@ -82,7 +82,7 @@ def _hash_arg(text: str) -> int | str:
 
 def _print_answer(answer: Any) -> None:
     """A short human-readable answer: the choice, a table of the nodes, the no-signal reasons."""
-    from processors.texttable import render
+    from kvpipe.processors.texttable import render
 
     print(f"chosen: {answer.chosen or '(none eligible)'}   semantics: {answer.semantics}   "
           f"num_tokens: {answer.num_tokens}   hashing: {answer.hashing_s * 1e3:.2f} ms   "
@@ -135,8 +135,8 @@ def route(tokens: str | None, hashes: str | None, body_file: str | None, group: 
                                + (f" (got {' and '.join(given)})" if given else ""))
     import msgspec
 
-    from processors.router.client import RouterClient
-    from processors.router.model import RouteError, RouteRequest, decode_request
+    from kvpipe.processors.router.client import RouterClient
+    from kvpipe.processors.router.model import RouteError, RouteRequest, decode_request
 
     try:
         if tokens is not None:

@@ -27,8 +27,8 @@ import logging
 import time
 from typing import Any
 
-from processors.ingest import Ingest
-from processors.snapshot import (
+from kvpipe.processors.ingest import Ingest
+from kvpipe.processors.snapshot import (
     FORMAT,
     Chunk,
     Manifest,
@@ -181,8 +181,8 @@ async def snapshot_reader(bootstrap: str):
     """A group-less aiokafka consumer for reading snapshot partitions (the caller stops it)."""
     from aiokafka import AIOKafkaConsumer
 
-    from processors.kafkaconf import aiokafka_kwargs
-    from schemas.settings import load_settings
+    from kvpipe.processors.kafkaconf import aiokafka_kwargs
+    from kvpipe.schemas.settings import load_settings
 
     # fetch_max_wait_ms: a fetch issued before our seek long-polls at the partition's end; with
     # the default 500 ms every partition's restore waited that long for nothing.

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from processors.api import ApiError
+from kvpipe.processors.api import ApiError
 
 _decoder = msgspec.json.Decoder()
 

@@ -1,5 +1,5 @@
 """One Kafka message → index update, as a plain function shared by the Faust agents and the bench;
-`Ingest.handle_batch` runs it over a partition's fetched records (processors.batchdelivery).
+`Ingest.handle_batch` runs it over a partition's fetched records (kvpipe.processors.batchdelivery).
 
 No I/O here: the caller sends DLQ messages and analytics rows with what `Ingest.handle` returns.
 The per-partition bookkeeping (`applied_offset`, stream time) is what makes snapshots exact: a
@@ -28,13 +28,13 @@ from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 import msgspec
 
-from processors import slots
-from processors.analytics.rows import LifetimeRow
-from processors.index import APPLIED, REFUSED, Index
-from processors.router.inflight import InFlight
-from schemas.codec import INVALID, LAYOUT_MAP, DecodeError, check_headers, decode_envelope, envelope_events
-from schemas.envelope import Envelope
-from schemas.events import BlockRemoved, BlockStored, Event
+from kvpipe.processors import slots
+from kvpipe.processors.analytics.rows import LifetimeRow
+from kvpipe.processors.index import APPLIED, REFUSED, Index
+from kvpipe.processors.router.inflight import InFlight
+from kvpipe.schemas.codec import INVALID, LAYOUT_MAP, DecodeError, check_headers, decode_envelope, envelope_events
+from kvpipe.schemas.envelope import Envelope
+from kvpipe.schemas.events import BlockRemoved, BlockStored, Event
 
 DLQ = "dlq"
 SKIPPED = "skipped"  # at or below the restored snapshot's offset

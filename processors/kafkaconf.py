@@ -1,6 +1,6 @@
 """Kafka security for the aiokafka side (Faust apps, the snapshot reader), from Settings.
 
-The translation of the settings lives in `schemas.settings` (librdkafka properties and aiokafka
+The translation of the settings lives in `kvpipe.schemas.settings` (librdkafka properties and aiokafka
 keyword arguments, one place); this module adds what needs client libraries: Faust's
 `broker_credentials` objects and, for OAUTHBEARER, a token provider — aiokafka does not fetch
 OIDC tokens itself (librdkafka does, with `sasl.oauthbearer.method=oidc`), so
@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from schemas.settings import Settings, SettingsError
+from kvpipe.schemas.settings import Settings, SettingsError
 
 TOKEN_EARLY_S = 30.0  # refresh this long before the token's expiry
 

@@ -7,7 +7,7 @@ back here by the column types the processor reports, so callers (the report's pl
 values as from an `AnalyticsSink` in process.
 
 Both send the bearer token of the settings (KVPIPE_API_TOKEN / api_token_file) when one is
-configured: a token-protected server answers 401 otherwise (processors.webauth).
+configured: a token-protected server answers 401 otherwise (kvpipe.processors.webauth).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class SqlError(RuntimeError):
 
 def auth_headers() -> dict[str, str]:
     """`Authorization: Bearer …` from the settings, or {} when no token is configured."""
-    from schemas.settings import load_settings
+    from kvpipe.schemas.settings import load_settings
 
     token = load_settings().api_token_value()
     return {"Authorization": f"Bearer {token}"} if token else {}

@@ -1,10 +1,10 @@
-"""How the index feeds vLLM's hybrid hit (`gpu.hit`, the function the GPU side's coordinator runs)
-for the router (`processors.router.decide`).
+"""How the index feeds vLLM's hybrid hit (`kvpipe.gpu.hit`, the function the GPU side's coordinator runs)
+for the router (`kvpipe.processors.router.decide`).
 
 Per-group longest prefixes are wrong for hybrid models: with vLLM's default retention a
 sliding-window or Mamba group caches only tail blocks, so its *prefix* is ~0 while the node would
 serve a long hit. So each requested hash is looked up once per group in the inverted view
-(the index's block store, `processors.slots`), giving per node and `(group, medium)` the *positions* of the request's blocks it
+(the index's block store, `kvpipe.processors.slots`), giving per node and `(group, medium)` the *positions* of the request's blocks it
 holds (`held_positions`); the hit search then runs on positions (`longest_hybrid_hit_in_views` takes
 any hashable values) on the node's own group specs (`node_model`), so a node costs set lookups,
 never another pass over the index.
@@ -13,16 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from gpu.hit import longest_hybrid_hit_in_views
-from gpu.layout import NodeLayout, node_layout
-from processors.index import Index, NodeState
-from schemas.events import ExternalHash
+from kvpipe.gpu.hit import longest_hybrid_hit_in_views
+from kvpipe.gpu.layout import NodeLayout, node_layout
+from kvpipe.processors.index import Index, NodeState
+from kvpipe.schemas.events import ExternalHash
 
 # Per node: (group, medium) → positions of the request's blocks (in that group's list) it holds.
 Held = dict[tuple[int, str], set[int]]
 
 
-# A node's groups as `gpu.hit` sees them: specs, hash unit, where hits land, EAGLE groups.
+# A node's groups as `kvpipe.gpu.hit` sees them: specs, hash unit, where hits land, EAGLE groups.
 NodeModel = NodeLayout
 
 
@@ -36,7 +36,7 @@ _MODELS_MAX = 65_536
 
 def node_model(node: NodeState) -> NodeModel | str:
     """The node's model, or why there is none (the reason goes into its row): no specs, a kind
-    without a hit rule, or a layout vLLM itself refuses (`gpu.layout`)."""
+    without a hit rule, or a layout vLLM itself refuses (`kvpipe.gpu.layout`)."""
     specs, cfg = node.group_specs, node.hash_config
     key = (id(specs), id(cfg))
     hit = _models.get(key)
@@ -89,7 +89,7 @@ def whole_blocks(model: NodeModel, group: int, positions: Iterable[int]) -> set[
 
 def hybrid_hit(model: NodeModel, groups: Sequence[int], lists: dict[int, list], sets: Sequence[set[int]],
                cap: int):
-    """`gpu.hit`'s hybrid hit for a node on positions: `lists[g]` at the unit `model.list_unit(g)`,
+    """`kvpipe.gpu.hit`'s hybrid hit for a node on positions: `lists[g]` at the unit `model.list_unit(g)`,
     `sets[k]` the positions of `groups[k]` the node holds. The one rule, with EAGLE and partial hits."""
     specs = [model.spec_of(g) for g in groups]
     positions = [range(len(lists[g])) for g in groups]

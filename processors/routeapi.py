@@ -1,7 +1,7 @@
 """`/route`, `/route/sent` and `/route/finished` of one worker, as plain functions over its index
 and in-flight accounting (`views` only moves bytes between aiohttp and these).
 
-The decision itself is `processors.router.decide`. Here: the load the score reads (each node's
+The decision itself is `kvpipe.processors.router.decide`. Here: the load the score reads (each node's
 latest envelope fields, kept by the index), one worker's part of an answer (`local_answer`), and
 the merge of several workers' parts (`merge_local`): every events partition is taken from one
 answer only (the first that covers it: the coordinator's own), so a partition handed over in a
@@ -16,10 +16,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import msgspec
 
-from processors.index import Index
-from processors.router.decide import finish, record_sent, route_local
-from processors.router.inflight import InFlight
-from processors.router.model import Load, LocalRouteAnswer, RouteAnswer, RouteRequest
+from kvpipe.processors.index import Index
+from kvpipe.processors.router.decide import finish, record_sent, route_local
+from kvpipe.processors.router.inflight import InFlight
+from kvpipe.processors.router.model import Load, LocalRouteAnswer, RouteAnswer, RouteRequest
 
 _local_decoder = msgspec.json.Decoder(LocalRouteAnswer)
 _answer_fields = RouteAnswer.__struct_fields__
@@ -29,7 +29,7 @@ class NodeLoads(Mapping[str, Load]):
     """Each node's latest reported load, read from the index when a row asks for it (a route
     touches the rows it builds, not every node); nodes that never reported have none: zero load."""
 
-    # every load is >= 0: envelopes with a negative one are refused (`schemas.codec.validate_envelope`),
+    # every load is >= 0: envelopes with a negative one are refused (`kvpipe.schemas.codec.validate_envelope`),
     # which lets a route skip ranking nodes holding nothing when a node with a hit outranks them all
     nonnegative = True
 

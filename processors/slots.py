@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
-from processors.analytics.rows import U64_MASK
-from schemas.events import ExternalHash
+from kvpipe.processors.analytics.rows import U64_MASK
+from kvpipe.schemas.events import ExternalHash
 
 try:
     import kvpipe_native
@@ -34,7 +34,7 @@ STORES: tuple[StoreKind, ...] = ("native", "python")
 
 
 def key_of(h: ExternalHash) -> int:
-    """The 64-bit key of a block hash (the rule of `processors.analytics.rows.hash_to_u64`)."""
+    """The 64-bit key of a block hash (the rule of `kvpipe.processors.analytics.rows.hash_to_u64`)."""
     if h.__class__ is int:
         return h & U64_MASK  # type: ignore[operator]
     if isinstance(h, (bytes, bytearray)):
@@ -54,7 +54,7 @@ def batch_reader_available() -> bool:
 
 def parse_batch(payload: bytes) -> Any:
     """vLLM's event batch read natively (`kvpipe_native.Batch`: no Python object per event), or
-    None when the reference decoder must read it (`schemas.codec.decode_vllm_batch`: the native
+    None when the reference decoder must read it (`kvpipe.schemas.codec.decode_vllm_batch`: the native
     reader accepts a strict subset, native/src/batch.rs) or the reader is not built."""
     if kvpipe_native is None or not hasattr(kvpipe_native, "parse_batch"):
         return None
@@ -64,7 +64,7 @@ def parse_batch(payload: bytes) -> Any:
 def batch_event(batch: Any, i: int) -> Any:
     """Event `i` of a native batch as the reference's event object (the fields the index reads;
     for the per-event path: clears and first events of a new slot)."""
-    from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+    from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
 
     kind, keys, group, medium = batch.event(i)
     if kind == 2:

@@ -17,9 +17,9 @@ import math
 
 import msgspec
 
-from processors.index import Index, NodeState
-from schemas.envelope import GroupSpec, HashConfig
-from schemas.events import ExternalHash
+from kvpipe.processors.index import Index, NodeState
+from kvpipe.schemas.envelope import GroupSpec, HashConfig
+from kvpipe.schemas.events import ExternalHash
 
 CHUNK_BYTES = 512 * 1024  # below Kafka's default 1 MB message limit, with headroom
 FORMAT = 1

@@ -1,6 +1,6 @@
 """The processor's state: the in-memory index (our "tables"), its ingest bookkeeping and the
 snapshot machinery. One instance per worker process. No analytics here: ClickHouse rows are the
-analytics app's (`processors.analytics`), a separate process and consumer group."""
+analytics app's (`kvpipe.processors.analytics`), a separate process and consumer group."""
 from __future__ import annotations
 
 import logging
@@ -8,14 +8,14 @@ import time
 from collections import Counter
 from typing import Any
 
-from processors.api import NODE_STATES, node_state
-from processors.app import settings
-from processors.durability import Durability
-from processors import slots
-from processors.index import Index
-from processors.ingest import Ingest
-from processors.metrics import ProcessorMetrics
-from processors.router.inflight import InFlight
+from kvpipe.processors.api import NODE_STATES, node_state
+from kvpipe.processors.app import settings
+from kvpipe.processors.durability import Durability
+from kvpipe.processors import slots
+from kvpipe.processors.index import Index
+from kvpipe.processors.ingest import Ingest
+from kvpipe.processors.metrics import ProcessorMetrics
+from kvpipe.processors.router.inflight import InFlight
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class Runtime:
         self.started = time.time()
         self.agent_errors = 0
         self.dlq_send_errors = 0
-        self.metrics = ProcessorMetrics()  # /metrics (processors.views); histograms observed where things happen
+        self.metrics = ProcessorMetrics()  # /metrics (kvpipe.processors.views); histograms observed where things happen
 
 
 runtime = Runtime()

@@ -1,7 +1,7 @@
 """HTTP views: JSON in, JSON out; bad input is a 4xx `{"error", "detail"}`, never a 500.
 
 The router endpoints (`/route`, `/route/sent`, `/route/finished`, `/openapi.json`) read and write
-the msgspec Structs of `processors.router.model`; their logic is `processors.routeapi`."""
+the msgspec Structs of `kvpipe.processors.router.model`; their logic is `kvpipe.processors.routeapi`."""
 from __future__ import annotations
 
 import json
@@ -12,12 +12,12 @@ import msgspec
 from faust import web
 from faust.types import TP
 
-from processors import routeapi, scatter, webauth
-from processors.api import ApiError, node_rows, page_rows, parse_nodes_query
-from processors.app import app, settings
-from processors.httpbody import checked_body
-from processors.router import openapi
-from processors.router.model import (
+from kvpipe.processors import routeapi, scatter, webauth
+from kvpipe.processors.api import ApiError, node_rows, page_rows, parse_nodes_query
+from kvpipe.processors.app import app, settings
+from kvpipe.processors.httpbody import checked_body
+from kvpipe.processors.router import openapi
+from kvpipe.processors.router.model import (
     FinishedReport,
     LocalRouteAnswer,
     RouteError,
@@ -26,7 +26,7 @@ from processors.router.model import (
     SentReport,
     decode_request,
 )
-from processors.state import collect_stats, runtime
+from kvpipe.processors.state import collect_stats, runtime
 
 
 async def _body(request: web.Request) -> bytes:
@@ -51,7 +51,7 @@ def _highwater(partition: int) -> int | None:
         return None
 
 
-# -- the group's view: scatter-gather over the workers (processors.scatter) -------------------------
+# -- the group's view: scatter-gather over the workers (kvpipe.processors.scatter) -------------------------
 
 
 def _owned() -> list[int]:
@@ -219,8 +219,8 @@ def cluster_stats() -> dict:
     consumer = app.consumer
     return {"url": str(app.conf.canonical_url), "owned_partitions": _owned(), "peers": _peer_urls(),
             "expected_partitions": list(_expected()),
-            # processors.fastpath: messages handed over directly vs through Faust's wait_first;
-            # processors.batchdelivery: runs handed to the batch handler, their records, records left
+            # kvpipe.processors.fastpath: messages handed over directly vs through Faust's wait_first;
+            # kvpipe.processors.batchdelivery: runs handed to the batch handler, their records, records left
             # for the re-fetch after a rebalance
             "deliveries": {"direct": getattr(consumer, "direct_deliveries", None),
                            "waited": getattr(consumer, "waited_deliveries", None),
@@ -233,7 +233,7 @@ class Stats(web.View):
         return self.json({**collect_stats(runtime, _highwater), "cluster": cluster_stats()})
 
 
-runtime.metrics.watch(lambda: collect_stats(runtime, _highwater))  # processors.metrics
+runtime.metrics.watch(lambda: collect_stats(runtime, _highwater))  # kvpipe.processors.metrics
 
 
 @app.page("/metrics")
@@ -245,7 +245,7 @@ class Metrics(web.View):
 @app.page("/health")
 class Health(web.View):
     """Liveness for an orchestrator: 200 once the worker serves, with what it owns; open without the
-    API token (processors.webauth.OPEN_PATHS)."""
+    API token (kvpipe.processors.webauth.OPEN_PATHS)."""
 
     async def get(self, request: web.Request) -> web.Response:
         return self.json({"status": "ok", "app": "index", "processor_id": settings.processor_id,

@@ -24,7 +24,7 @@ import hmac
 import json
 from typing import Any, Awaitable, Callable
 
-from schemas.settings import Settings, exposure_problem
+from kvpipe.schemas.settings import Settings, exposure_problem
 
 OPEN_PATHS = frozenset({"/health", "/openapi.json"})  # the API document describes, it reveals no state
 

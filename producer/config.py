@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.codec import DecodeError, decode_envelope
-from schemas.settings import Settings
+from kvpipe.schemas.codec import DecodeError, decode_envelope
+from kvpipe.schemas.settings import Settings
 
 
 def kafka_config(settings: Settings, node_id: str, overrides: dict | None = None) -> dict[str, Any]:

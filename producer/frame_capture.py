@@ -2,7 +2,7 @@
 
 This is what a generic capture tool (or a few lines around `socket.recv_multipart()`) writes when
 it has no format of its own: no magic, no message boundaries, just frames back to back. kvpipe's own
-recordings (`producer.bridge.recording`, magic `KVPREC01`) keep message boundaries and receive
+recordings (`kvpipe.producer.bridge.recording`, magic `KVPREC01`) keep message boundaries and receive
 times; this reader recovers the boundaries from the shapes vLLM's sockets send
 (docs/vllm-behaviour.md §2):
 

@@ -2,8 +2,8 @@
 
 \b
 Recognised inputs (FILE, or - for stdin), from the first bytes:
-- a kvpipe ZMQ recording (`producer.bridge.recording`, magic `KVPREC01`);
-- a capture of raw ZMQ frames, each a 4-byte big-endian length and the frame (`producer.frame_capture`);
+- a kvpipe ZMQ recording (`kvpipe.producer.bridge.recording`, magic `KVPREC01`);
+- a capture of raw ZMQ frames, each a 4-byte big-endian length and the frame (`kvpipe.producer.frame_capture`);
 - one or more concatenated msgpack objects, each either a vLLM `KVEventBatch` (an array; map or
   array event layout) or a kvpipe envelope (a map) — a single payload, a single envelope and a
   dump of many envelopes are all this case;
@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import click
 import msgspec
 
-from schemas.codec import (
+from kvpipe.schemas.codec import (
     DEFAULT_MAX_BYTES,
     NOT_MSGPACK,
     WRONG_SHAPE,
@@ -32,11 +32,11 @@ from schemas.codec import (
     decode_envelope,
     decode_vllm_batch,
 )
-from schemas.cliopts import Command, json_option, run
-from schemas.envelope import Envelope
-from schemas.events import Event
+from kvpipe.schemas.cliopts import Command, json_option, run
+from kvpipe.schemas.envelope import Envelope
+from kvpipe.schemas.events import Event
 
-RECORDING_MAGIC = b"KVPREC01"  # producer.bridge.recording.MAGIC, repeated to detect without importing
+RECORDING_MAGIC = b"KVPREC01"  # kvpipe.producer.bridge.recording.MAGIC, repeated to detect without importing
 _HASH_FIELDS = ("block_hashes", "parent_block_hash")
 
 # msgpack type byte → (bytes of length prefix, bytes of fixed payload) for the non-fix formats.
@@ -156,7 +156,7 @@ def decode_stream(data: bytes, max_bytes: int, hex_ints: bool) -> Iterator[dict[
 
 def decode_recording(path: str, max_bytes: int, hex_ints: bool) -> Iterator[dict[str, Any]]:
     try:
-        from producer.bridge.recording import read_recording
+        from kvpipe.producer.bridge.recording import read_recording
     except ImportError as exc:
         raise DecodeError(WRONG_SHAPE, f"this looks like a ZMQ recording, but the reader is unavailable ({exc})") from None
     for topic, seq, payload, ts in read_recording(path):
@@ -166,7 +166,7 @@ def decode_recording(path: str, max_bytes: int, hex_ints: bool) -> Iterator[dict
 
 
 def decode_frame_capture(data: bytes, max_bytes: int, hex_ints: bool) -> Iterator[dict[str, Any]]:
-    from producer.frame_capture import FrameCaptureError, messages, split_frames
+    from kvpipe.producer.frame_capture import FrameCaptureError, messages, split_frames
 
     frames = split_frames(data) or []
     try:
@@ -183,7 +183,7 @@ def decode_frame_capture(data: bytes, max_bytes: int, hex_ints: bool) -> Iterato
 def decode_bytes(data: bytes, path: str, max_bytes: int, hex_ints: bool) -> Iterator[dict[str, Any]]:
     """One input's objects, its kind recognised from its first bytes (`path` only for the
     recording reader, which reads files)."""
-    from producer.frame_capture import is_frame_capture
+    from kvpipe.producer.frame_capture import is_frame_capture
 
     if data.startswith(RECORDING_MAGIC):
         return decode_recording(path, max_bytes, hex_ints)

@@ -17,12 +17,12 @@ from typing import Any
 import msgspec
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from producer.config import describe_envelope, kafka_config
-from producer.sequencer import Sequencer
-from schemas.codec import KAFKA_HEADERS, encode_vllm_batch
-from schemas.envelope import Envelope, GroupSpec, HashConfig
-from schemas.events import Event
-from schemas.settings import Settings
+from kvpipe.producer.config import describe_envelope, kafka_config
+from kvpipe.producer.sequencer import Sequencer
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_vllm_batch
+from kvpipe.schemas.envelope import Envelope, GroupSpec, HashConfig
+from kvpipe.schemas.events import Event
+from kvpipe.schemas.settings import Settings
 
 log = logging.getLogger(__name__)
 

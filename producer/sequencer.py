@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
 
 # The Envelope's own default object, not an equal one: msgspec omits a default field by identity,
 # and an explicitly passed empty Raw would be written as a key with no value (broken msgpack).

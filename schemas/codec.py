@@ -26,14 +26,14 @@ from typing import Iterable
 
 import msgspec
 
-from schemas.envelope import (
+from kvpipe.schemas.envelope import (
     CONTENT_TYPE,
     HEADER_CONTENT_TYPE,
     HEADER_VERSION,
     SCHEMA_MAJOR,
     Envelope,
 )
-from schemas.events import (
+from kvpipe.schemas.events import (
     Event,
     KVEventBatch,
     LegacyKVEventBatch,

@@ -3,7 +3,7 @@
     KIND:BLOCK_SIZE[:WINDOW|CHUNK][,KIND:BLOCK_SIZE[:WINDOW|CHUNK]...]
 
 Items are in group order (the first is group 0). KIND is vLLM's name (`full_attention`,
-`sliding_window`, `mamba`, `chunked_local_attention`, ... — `schemas.envelope.KNOWN_KINDS`) or a
+`sliding_window`, `mamba`, `chunked_local_attention`, ... — `kvpipe.schemas.envelope.KNOWN_KINDS`) or a
 short one (`full`, `swa`, `local`, ...: `SHORT_KINDS`). Sliding-window kinds take the window in
 tokens, chunked-local attention its chunk size; the other kinds take none.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from schemas.envelope import (
+from kvpipe.schemas.envelope import (
     KIND_CHUNKED_LOCAL,
     KIND_CROSS,
     KIND_ENCODER_ONLY,

@@ -2,7 +2,7 @@
 
 Pure arithmetic on `GroupSpec`/`HashConfig` (no hit rules), so the bridge can refuse a declared
 layout at start, the processor can flag a node that publishes one, and the GPU side resolves its
-own hash unit with the same function (`gpu.specs.resolve_block_sizes`).
+own hash unit with the same function (`kvpipe.gpu.specs.resolve_block_sizes`).
 
 Refused, as vLLM 0.33 refuses them (vllm-semantics §2.5, §4.3, §6):
 * no prefix-cacheable group (cross-attention alone): nothing on the node could ever be hit;
@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from schemas.envelope import KIND_CHUNKED_LOCAL, KIND_CROSS, KIND_MAMBA, GroupSpec, HashConfig
+from kvpipe.schemas.envelope import KIND_CHUNKED_LOCAL, KIND_CROSS, KIND_MAMBA, GroupSpec, HashConfig
 
 # Kinds that never take part in prefix caching.
 NOT_CACHEABLE = frozenset({KIND_CROSS})

@@ -238,7 +238,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def kafka_aiokafka_kwargs(self) -> dict[str, Any]:
         """aiokafka client keyword arguments for the security settings. OAUTHBEARER needs a token
-        provider object, which processors.kafkaconf adds (schemas stays free of client libraries)."""
+        provider object, which kvpipe.processors.kafkaconf adds (schemas stays free of client libraries)."""
         kwargs: dict[str, Any] = {"security_protocol": self.kafka_security_protocol}
         mechanism = self.kafka_mechanism()
         if mechanism:

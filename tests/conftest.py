@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from hypothesis import settings as hypothesis_settings
 
-from schemas.settings import load_settings
+from kvpipe.schemas.settings import load_settings
 from tests.integration.kafka_reading import client_config
 
 # CI (`CI=true`) runs every property test on hypothesis's fixed, per-test seed: a submission is

@@ -4,7 +4,7 @@
     kvpipe node --node-id n1 --steps 500 --groups full:16,sliding_window:16:128,mamba:16 --json
 
 The last stdout line is the summary JSON with `--json` (`--summary-json` is its older spelling); progress goes to stderr only with
-`--progress`. Kafka settings come from `schemas.settings` (KVPIPE_* environment, kvpipe.toml).
+`--progress`. Kafka settings come from `kvpipe.schemas.settings` (KVPIPE_* environment, kvpipe.toml).
 """
 from __future__ import annotations
 
@@ -17,20 +17,20 @@ from typing import Any
 
 import click
 
-from gpu.node.kv_compute import ModelShape
-from gpu.node.node import CountingSink, Node, NodeConfig
-from gpu.node.workload import SyntheticConfig, SyntheticWorkload, TraceWorkload, Workload
-from gpu.specs import KVSpec, from_group_spec
-from schemas.cliopts import (Command, apply_bootstrap, bootstrap_server_option, configure_logging, deprecated,
+from kvpipe.gpu.node.kv_compute import ModelShape
+from kvpipe.gpu.node.node import CountingSink, Node, NodeConfig
+from kvpipe.gpu.node.workload import SyntheticConfig, SyntheticWorkload, TraceWorkload, Workload
+from kvpipe.gpu.specs import KVSpec, from_group_spec
+from kvpipe.schemas.cliopts import (Command, apply_bootstrap, bootstrap_server_option, configure_logging, deprecated,
                              json_option, log_level_option, run)
-from schemas.groupspec import GroupSpecError
-from schemas.groupspec import parse_groups as parse_group_specs
+from kvpipe.schemas.groupspec import GroupSpecError
+from kvpipe.schemas.groupspec import parse_groups as parse_group_specs
 
 DEFAULT_GROUPS = "full:16,sliding_window:16:128,mamba:16"
 
 
 def parse_groups(text: str) -> tuple[KVSpec, ...]:
-    """`--groups`: the grammar of `schemas.groupspec` (kind:block_size[:window|chunk], comma separated,
+    """`--groups`: the grammar of `kvpipe.schemas.groupspec` (kind:block_size[:window|chunk], comma separated,
     in group order; short or vLLM kind names). The bridge's older IDX:KIND:... items are read with a
     deprecation warning."""
     def warn(item: str) -> None:
@@ -161,8 +161,8 @@ def _run_node(args: SimpleNamespace) -> int:
         sink = CountingSink()
         node = Node(config, make_workload(args), sink)
     else:
-        from producer.publisher import Publisher
-        from schemas.settings import load_settings
+        from kvpipe.producer.publisher import Publisher
+        from kvpipe.schemas.settings import load_settings
 
         # The publisher needs the node's group specs and hash config, so the node comes first.
         node = Node(config, make_workload(args), CountingSink())

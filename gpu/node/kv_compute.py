@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu.canonical import CanonicalCaches, canonicalize
-from gpu.kv_tensors import AttentionGeometry, Geometry, KVLayout, MambaGeometry, allocate_kv_caches
-from gpu.offload_checks import device_block_checksums, row_checksums
-from gpu.specs import KVSpec, Mamba
+from kvpipe.gpu.canonical import CanonicalCaches, canonicalize
+from kvpipe.gpu.kv_tensors import AttentionGeometry, Geometry, KVLayout, MambaGeometry, allocate_kv_caches
+from kvpipe.gpu.offload_checks import device_block_checksums, row_checksums
+from kvpipe.gpu.specs import KVSpec, Mamba
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +95,7 @@ class KVCompute:
         self.blocks_written += len(block_ids)
 
     def expected_checksums(self, group_idx: int, digests: Sequence[bytes]) -> torch.Tensor:
-        """Same shape and order as `gpu.offload_checks.device_block_checksums`."""
+        """Same shape and order as `kvpipe.gpu.offload_checks.device_block_checksums`."""
         return torch.stack([row_checksums(r) for r in self.expected_rows(group_idx, digests)], dim=1)
 
     def mismatched(self, group_idx: int, block_ids: Sequence[int], digests: Sequence[bytes]) -> list[int]:

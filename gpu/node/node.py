@@ -18,14 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpu.hashing import BlockHasher, coarse_hashes, external_hash, hash_request_blocks
-from gpu.kv_cache_manager import KVCacheManager
-from gpu.node.kv_compute import KVCompute, ModelShape
-from gpu.node.offload_driver import OffloadDriver
-from gpu.node.scheduler import Scheduler, StepResult
-from gpu.node.workload import Workload
-from gpu.specs import KVSpec
-from schemas.events import BlockRemoved, BlockStored
+from kvpipe.gpu.hashing import BlockHasher, coarse_hashes, external_hash, hash_request_blocks
+from kvpipe.gpu.kv_cache_manager import KVCacheManager
+from kvpipe.gpu.node.kv_compute import KVCompute, ModelShape
+from kvpipe.gpu.node.offload_driver import OffloadDriver
+from kvpipe.gpu.node.scheduler import Scheduler, StepResult
+from kvpipe.gpu.node.workload import Workload
+from kvpipe.gpu.specs import KVSpec
+from kvpipe.schemas.events import BlockRemoved, BlockStored
 
 
 class EventSink(Protocol):

@@ -1,8 +1,8 @@
 """The node's offload connector: GPU blocks -> CPU tier every step, CPU -> GPU on a better hit.
 
 Scheduler-side logic (which chunks, which keys, how many tokens a lookup gives) is
-`gpu.offload_lookup`; bookkeeping and events are `gpu.cpu_tier`; bytes move through
-`gpu.offload.BlockMover`. This module only wires them to a running request.
+`kvpipe.gpu.offload_lookup`; bookkeeping and events are `kvpipe.gpu.cpu_tier`; bytes move through
+`kvpipe.gpu.offload.BlockMover`. This module only wires them to a running request.
 
 Decisions:
 * Store like vLLM's offloading connector with `offload_prompt_only` (its default): after each
@@ -22,13 +22,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpu.cpu_tier import CpuTier, OffloadKey, ReqContext
-from gpu.kv_cache_manager import KVCacheManager
-from gpu.node.kv_compute import KVCompute
-from gpu.offload import BlockMover, GroupTransfer, allocate_host_buffers
-from gpu.offload_lookup import OffloadGroup, chunk_keys, load_plan, lookup_hit_tokens, store_chunk_indices
-from gpu.request import Request
-from gpu.specs import Mamba
+from kvpipe.gpu.cpu_tier import CpuTier, OffloadKey, ReqContext
+from kvpipe.gpu.kv_cache_manager import KVCacheManager
+from kvpipe.gpu.node.kv_compute import KVCompute
+from kvpipe.gpu.offload import BlockMover, GroupTransfer, allocate_host_buffers
+from kvpipe.gpu.offload_lookup import OffloadGroup, chunk_keys, load_plan, lookup_hit_tokens, store_chunk_indices
+from kvpipe.gpu.request import Request
+from kvpipe.gpu.specs import Mamba
 
 
 @dataclass(slots=True)

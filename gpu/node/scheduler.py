@@ -24,11 +24,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from gpu.kv_cache_manager import KVCacheManager
-from gpu.node.kv_compute import KVCompute
-from gpu.node.offload_driver import OffloadDriver
-from gpu.node.workload import RequestSpec
-from gpu.request import Request
+from kvpipe.gpu.kv_cache_manager import KVCacheManager
+from kvpipe.gpu.node.kv_compute import KVCompute
+from kvpipe.gpu.node.offload_driver import OffloadDriver
+from kvpipe.gpu.node.workload import RequestSpec
+from kvpipe.gpu.request import Request
 
 
 @dataclass(slots=True, eq=False)

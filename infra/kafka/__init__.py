@@ -4,6 +4,6 @@
 renders server.properties / log4j.properties, `local` starts, waits for, and stops one broker
 per state directory.
 """
-from infra.kafka.local import BrokerStatus, InfraError, LocalKafka
+from kvpipe.infra.kafka.local import BrokerStatus, InfraError, LocalKafka
 
 __all__ = ["BrokerStatus", "InfraError", "LocalKafka"]

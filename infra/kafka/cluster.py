@@ -19,10 +19,10 @@ import shutil
 import signal
 from dataclasses import replace
 
-from infra.errors import InfraError
-from infra.kafka import config as kconfig
-from infra.kafka.config import BrokerConfig
-from infra.kafka.local import BrokerStatus, LocalKafka
+from kvpipe.infra.errors import InfraError
+from kvpipe.infra.kafka import config as kconfig
+from kvpipe.infra.kafka.config import BrokerConfig
+from kvpipe.infra.kafka.local import BrokerStatus, LocalKafka
 
 CLUSTER_SUBDIR = "kafka-cluster"
 

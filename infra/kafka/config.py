@@ -171,7 +171,7 @@ def server_properties(cfg: BrokerConfig, keystore: Path | None = None, store_pas
         # Fewer internal partitions than the defaults (50) so a fresh broker is ready sooner.
         "offsets.topic.num.partitions": "8",
         "transaction.state.log.num.partitions": "4",
-        # Topics come from `infra.topics` or from Faust through the admin API; a misspelt topic
+        # Topics come from `kvpipe.infra.topics` or from Faust through the admin API; a misspelt topic
         # name in a producer must fail, not silently create a 1-partition topic.
         "auto.create.topics.enable": "false",
         "num.partitions": "1",

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from infra.errors import INSTALL_HINT, InfraError
+from kvpipe.infra.errors import INSTALL_HINT, InfraError
 
 POM = Path(__file__).with_name("pom.xml")
 MARKER = ".complete"

@@ -25,11 +25,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.errors import InfraError
-from infra.kafka import config as kconfig
-from infra.kafka.config import BrokerConfig
-from infra.kafka.jars import classpath, require_tool, resolve_jars
-from infra.kafka.tls import ensure_broker_tls
+from kvpipe.infra.errors import InfraError
+from kvpipe.infra.kafka import config as kconfig
+from kvpipe.infra.kafka.config import BrokerConfig
+from kvpipe.infra.kafka.jars import classpath, require_tool, resolve_jars
+from kvpipe.infra.kafka.tls import ensure_broker_tls
 
 # JVM flags from Kafka's kafka-run-class.sh (KAFKA_JVM_PERFORMANCE_OPTS), minus JMX: nothing here
 # reads JMX and an open JMX port on a dev machine is one more thing to collide.
@@ -50,7 +50,7 @@ class BrokerStatus:
 
 def _quiet_logger() -> logging.Logger:
     # librdkafka logs every refused connection while the broker boots; those are expected here.
-    log = logging.getLogger("infra.kafka.probe")
+    log = logging.getLogger("kvpipe.infra.kafka.probe")
     log.addHandler(logging.NullHandler())
     log.propagate = False
     return log

@@ -16,8 +16,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.errors import InfraError
-from infra.kafka.jars import require_tool
+from kvpipe.infra.errors import InfraError
+from kvpipe.infra.kafka.jars import require_tool
 
 SAN = "SAN=dns:localhost,ip:127.0.0.1"
 VALIDITY_DAYS = "3650"  # a dev CA; regenerate by deleting the tls directory

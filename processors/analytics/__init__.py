@@ -13,5 +13,5 @@ matplotlib plots (`report`), the Grafana dashboard generator (`grafana`) and a d
 May import: schemas, clickhouse-connect (chDB through its `chdb://` DSN), msgspec, matplotlib
 (`report`, lazily), the standard library. It reads infra/clickhouse's SQL files by path, never imports infra code. The rest of
 processors/ uses `rows` (the pure index builds `LifetimeRow`s); the routing app imports nothing else
-from here, and the analytics app never imports the routing app (`processors.app`).
+from here, and the analytics app never imports the routing app (`kvpipe.processors.app`).
 """

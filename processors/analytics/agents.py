@@ -15,12 +15,12 @@ import gc
 import logging
 import time
 
-from processors import rebalance
-from processors.analytics import derive, restore_state
-from processors.analytics.app import app, events_topic, settings, snapshot_topic
-from processors.analytics.derive import message_rows
-from processors.analytics.state import runtime
-from processors.ingest import Result
+from kvpipe.processors import rebalance
+from kvpipe.processors.analytics import derive, restore_state
+from kvpipe.processors.analytics.app import app, events_topic, settings, snapshot_topic
+from kvpipe.processors.analytics.derive import message_rows
+from kvpipe.processors.analytics.state import runtime
+from kvpipe.processors.ingest import Result
 
 log = logging.getLogger(__name__)
 

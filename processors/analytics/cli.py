@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from processors.appcli import worker_settings
-from schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, json_option, log_level_option
-from schemas.settings import SettingsError, load_settings
+from kvpipe.processors.appcli import worker_settings
+from kvpipe.schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, json_option, log_level_option
+from kvpipe.schemas.settings import SettingsError, load_settings
 
 SCALING = (
     "Two apps, one topic: `kvpipe processor` (routing index, consumer group KVPIPE_PROCESSOR_ID) and "
@@ -50,9 +50,9 @@ def analytics(web_port: int | None, state_dir: str | None, topic: str | None, an
     os.makedirs(settings.state_path("analytics-app"), exist_ok=True)
     from faust.worker import Worker
 
-    from processors.analytics import agents, views  # noqa: F401  (registers the agent, timers and pages)
-    from processors.analytics.app import app
-    from processors.analytics.state import runtime
+    from kvpipe.processors.analytics import agents, views  # noqa: F401  (registers the agent, timers and pages)
+    from kvpipe.processors.analytics.app import app
+    from kvpipe.processors.analytics.state import runtime
 
     try:  # migrations before the first message; the writer thread starts here too
         runtime.sink.start()
@@ -67,14 +67,14 @@ def analytics(web_port: int | None, state_dir: str | None, topic: str | None, an
 
 def _safe_dsn(dsn: str) -> str:
     """The DSN without its password or token parameters (error messages never carry secrets)."""
-    from processors.analytics.query import redact_dsn
+    from kvpipe.processors.analytics.query import redact_dsn
 
     return redact_dsn(dsn)
 
 
 def _safe_text(exc: BaseException, dsn: str) -> str:
     """An exception's message without the DSN's password (a transport may quote its URL whole)."""
-    from processors.analytics.query import redact_text
+    from kvpipe.processors.analytics.query import redact_text
 
     return redact_text(str(exc), dsn)
 
@@ -106,7 +106,7 @@ FORMATS = ("table", "markdown", "csv", "json")
                             "http://<web_host>:<analytics_web_port>)")
 def sql(statement: str | None, saved: str | None, param_items: tuple[str, ...], list_saved: bool, fmt: str,
         as_json: bool, url: str | None) -> int:
-    from processors.analytics.saved import list_queries, load_query
+    from kvpipe.processors.analytics.saved import list_queries, load_query
 
     if list_saved:
         for q in list_queries():
@@ -132,7 +132,7 @@ def sql(statement: str | None, saved: str | None, param_items: tuple[str, ...], 
         if params:
             raise click.UsageError("--param is for --saved queries")
         text, bound = statement, {}
-    from processors.analytics.sqlguard import check_read_only
+    from kvpipe.processors.analytics.sqlguard import check_read_only
 
     try:  # checked here too, so a write is refused with a clear reason even when no store answers
         check_read_only(text)
@@ -157,7 +157,7 @@ def print_result(result: dict, fmt: str) -> None:
         out.writerow(result.get("columns", []))
         out.writerows([["" if v is None else v for v in row] for row in result.get("rows", [])])
     else:
-        from processors.texttable import render
+        from kvpipe.processors.texttable import render
 
         rows = result.get("rows", [])
         print(render(result.get("columns", []), rows, style="markdown" if fmt == "markdown" else "text"))
@@ -201,7 +201,7 @@ def _run_remote(prog: str, url: str | None, work):
 @json_option(help="print the curves and the method as JSON")
 @click.option("--url", help="analytics app base URL (embedded mode)")
 def plan(node: str, group_kind: str, extra: str, as_json: bool, url: str | None) -> int:
-    from processors.analytics.plan import curves, render
+    from kvpipe.processors.analytics.plan import curves, render
 
     params = {"node": node, "group_kind": group_kind, "extra": extra}
     result = _run_remote("kvpipe plan", url, lambda target: curves(target, params))
@@ -217,7 +217,7 @@ def plan(node: str, group_kind: str, extra: str, as_json: bool, url: str | None)
 @click.option("--out", default="report.html", help="output file (default: report.html)")
 @click.option("--url", help="analytics app base URL (embedded mode)")
 def report(out: str, url: str | None) -> int:
-    from processors.analytics.report import build_report
+    from kvpipe.processors.analytics.report import build_report
 
     path = _run_remote("kvpipe report", url, lambda target: build_report(target, out))
     if path is None:
@@ -233,7 +233,7 @@ def _sql_target(dsn: str, url: str | None) -> tuple[Any, Any]:
     if dsn.startswith(("http://", "https://")):
         import clickhouse_connect
 
-        from processors.analytics.query import QueryLimits, client_runner, run_checked
+        from kvpipe.processors.analytics.query import QueryLimits, client_runner, run_checked
 
         client = clickhouse_connect.get_client(dsn=dsn)
         run, limits = client_runner(client), QueryLimits.from_settings(load_settings())
@@ -242,6 +242,6 @@ def _sql_target(dsn: str, url: str | None) -> tuple[Any, Any]:
             return run_checked(run, sql, params, limits, dsn)
 
         return query, client.close
-    from processors.remote import ProcessorSql
+    from kvpipe.processors.remote import ProcessorSql
 
     return ProcessorSql(_analytics_url(url)), lambda: None

@@ -7,14 +7,14 @@ variable (a text box holding the saved query's default), substituted as `${name}
 Grafana sends the text as it is, so point the data source at a read-only ClickHouse user
 (docs/analyst-sql.md): the dashboard reads, it cannot be made to write.
 
-Regenerate: `python -m processors.analytics.grafana > infra/grafana/dashboards/kvpipe-capacity.json`.
+Regenerate: `python -m kvpipe.processors.analytics.grafana > infra/grafana/dashboards/kvpipe-capacity.json`.
 """
 from __future__ import annotations
 
 import json
 import re
 
-from processors.analytics.saved import SavedQuery, list_queries
+from kvpipe.processors.analytics.saved import SavedQuery, list_queries
 
 DATASOURCE = {"type": "grafana-clickhouse-datasource", "uid": "${datasource}"}
 TIME_SERIES = {"evictions_per_group", "node_occupancy"}  # queries with a `bucket` column plotted over time

@@ -36,7 +36,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import msgspec
 
-from processors.analytics.sqlguard import DEFAULT_DATABASE, SqlRefused, SqlSyntaxError, check_sql
+from kvpipe.processors.analytics.sqlguard import DEFAULT_DATABASE, SqlRefused, SqlSyntaxError, check_sql
 
 # run(statement, parameters, engine_settings) -> {"columns", "types", "rows"}; blocking.
 Runner = Callable[[str, "dict | None", dict], dict]

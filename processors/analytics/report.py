@@ -16,8 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from processors.analytics.restores import CAPACITY_METHOD
-from processors.analytics.saved import list_queries, run_query
+from kvpipe.processors.analytics.restores import CAPACITY_METHOD
+from kvpipe.processors.analytics.saved import list_queries, run_query
 
 MAX_TABLE_ROWS = 40
 _METADATA = re.compile(r"<metadata>.*?</metadata>", re.DOTALL)

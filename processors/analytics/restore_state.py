@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from processors.analytics.restores import RestoreTracker, Slot, SlotKey
-from processors.analytics.stackdist import StackDistance
-from processors.index import GPU, Index
+from kvpipe.processors.analytics.restores import RestoreTracker, Slot, SlotKey
+from kvpipe.processors.analytics.stackdist import StackDistance
+from kvpipe.processors.index import GPU, Index
 
 # Positions order the stores and ends of one node like the live tracker saw them: Kafka offset, then event index,
 # then the hash's index in the event, packed in one Int128 (offset * 2^56 + event * 2^32 + hash; a message holds

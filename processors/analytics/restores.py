@@ -23,10 +23,10 @@ from typing import Iterable, Mapping
 
 import msgspec
 
-from processors.analytics.rows import REASON_CLEARED, LifetimeRow, hash_to_u64
-from processors.analytics.stackdist import StackDistance
-from schemas.envelope import Envelope
-from schemas.events import BlockStored, Event
+from kvpipe.processors.analytics.rows import REASON_CLEARED, LifetimeRow, hash_to_u64
+from kvpipe.processors.analytics.stackdist import StackDistance
+from kvpipe.schemas.envelope import Envelope
+from kvpipe.schemas.events import BlockStored, Event
 
 REASON_EPOCH_CHANGE = "epoch_change"
 REASON_RESYNC = "resync"

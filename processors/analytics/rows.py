@@ -9,7 +9,7 @@ Identity: every row carries the Kafka coordinates `(partition, offset, idx)` of 
 event it came from. A replay after a crash reproduces the same coordinates and the same values
 (timestamps are the node's batch `ts`, never the processor's clock — except `ingest_ts`, which
 is informational and not part of any key), so the ReplacingMergeTree key collapses the copies
-(see `processors.analytics.sink`).
+(see `kvpipe.processors.analytics.sink`).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from typing import Mapping
 
 import msgspec
 
-from schemas.envelope import Envelope
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, ExternalHash
+from kvpipe.schemas.envelope import Envelope
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, ExternalHash
 
 U64_MASK = (1 << 64) - 1
 U32_MASK = (1 << 32) - 1

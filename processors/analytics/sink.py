@@ -47,8 +47,8 @@ from typing import Any, Callable
 
 import clickhouse_connect
 
-from processors.analytics.migrations import apply_migrations
-from processors.analytics.rows import (
+from kvpipe.processors.analytics.migrations import apply_migrations
+from kvpipe.processors.analytics.rows import (
     EVENT_COLUMNS,
     LIFETIME_COLUMNS,
     LOAD_COLUMNS,
@@ -58,8 +58,8 @@ from processors.analytics.rows import (
     load_columns,
     number_copies,
 )
-from processors.analytics.restores import RESTORE_COLUMNS, restore_columns
-from processors.analytics.sqlguard import check_read_only, first_keyword
+from kvpipe.processors.analytics.restores import RESTORE_COLUMNS, restore_columns
+from kvpipe.processors.analytics.sqlguard import check_read_only, first_keyword
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
-from processors.analytics.sqlfunctions import AGGREGATE_FUNCTIONS, ALLOWED_FUNCTIONS
+from kvpipe.processors.analytics.sqlfunctions import AGGREGATE_FUNCTIONS, ALLOWED_FUNCTIONS
 
 DIALECT = "clickhouse"
 DEFAULT_DATABASE = "default"
@@ -95,7 +95,7 @@ class SqlSyntaxError(ValueError):
 @functools.lru_cache(maxsize=1)
 def allowed_tables() -> frozenset[str]:
     """Names of the tables and views kvpipe's migrations create, parsed from their DDL."""
-    from processors.analytics.migrations import _BOOTSTRAP, load_migrations  # migrations imports this module
+    from kvpipe.processors.analytics.migrations import _BOOTSTRAP, load_migrations  # migrations imports this module
 
     names: set[str] = set()
     # The bookkeeping table the migration runner creates is kvpipe's too (which versions a store has applied).

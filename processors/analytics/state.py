@@ -5,18 +5,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from processors.analytics.app import settings
-from processors.analytics.query import AnalystQueries, QueryLimits
-from processors.analytics.restores import RestoreTracker
-from processors.analytics.sink import AnalyticsSink
-from processors.durability import Durability
-from processors import slots
-from processors.index import Index
-from processors.ingest import Ingest
+from kvpipe.processors.analytics.app import settings
+from kvpipe.processors.analytics.query import AnalystQueries, QueryLimits
+from kvpipe.processors.analytics.restores import RestoreTracker
+from kvpipe.processors.analytics.sink import AnalyticsSink
+from kvpipe.processors.durability import Durability
+from kvpipe.processors import slots
+from kvpipe.processors.index import Index
+from kvpipe.processors.ingest import Ingest
 
 
 class AnalyticsDurability(Durability):
-    """The snapshots of `processors.durability`, and: restoring a partition's index slice drops the re-store
+    """The snapshots of `kvpipe.processors.durability`, and: restoring a partition's index slice drops the re-store
     tracker's state for it, since that state describes whatever this worker consumed before, not the restored
     offset. The agents rebuild it for the restored offset (`agents.ensure_tracker`, `restore_state`)."""
 

@@ -12,10 +12,10 @@ from typing import Any
 from faust import web
 from faust.types import TP
 
-from processors.analytics import metrics
-from processors.analytics.app import app, settings
-from processors.analytics.query import QueryError, parse_sql_request
-from processors.analytics.state import collect_stats, runtime
+from kvpipe.processors.analytics import metrics
+from kvpipe.processors.analytics.app import app, settings
+from kvpipe.processors.analytics.query import QueryError, parse_sql_request
+from kvpipe.processors.analytics.state import collect_stats, runtime
 
 
 def _highwater(partition: int) -> int | None:

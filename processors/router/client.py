@@ -1,7 +1,7 @@
 """A Python client for the router endpoints, for routers to import: sync (`RouterClient`, one
 keep-alive `http.client` connection) and async (`AsyncRouterClient`, one reused aiohttp session).
 
-Requests and answers are the Structs of `processors.router.model` — the same classes the server
+Requests and answers are the Structs of `kvpipe.processors.router.model` — the same classes the server
 decodes and encodes — so a caller gets typed answers (`answer.chosen`, `answer.nodes[0].gpu_tokens`).
 A non-2xx answer raises `RouteError` with the server's status, error and detail. With a token,
 every call sends `Authorization: Bearer <token>`; the token never appears in a repr or an error.
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from processors.router.model import ErrorBody, FinishedReport, RouteAnswer, RouteError, RouteRequest, SentReport
+from kvpipe.processors.router.model import ErrorBody, FinishedReport, RouteAnswer, RouteError, RouteRequest, SentReport
 
 T = TypeVar("T")
 _encoder = msgspec.json.Encoder()

@@ -16,12 +16,12 @@ from collections.abc import Sequence
 
 import msgspec
 
-from processors.index import GPU, Index, NodeState
-from processors.route_hma import NodeModel
-from processors.router.hits import HitSearch, kvpipe_native
-from processors.router.inflight import InFlight
-from processors.router.model import PREFIX_PER_GROUP, Load, NodeRoute, RouteRequest, Scoring
-from processors.router.rows import Zero, liveness, score
+from kvpipe.processors.index import GPU, Index, NodeState
+from kvpipe.processors.route_hma import NodeModel
+from kvpipe.processors.router.hits import HitSearch, kvpipe_native
+from kvpipe.processors.router.inflight import InFlight
+from kvpipe.processors.router.model import PREFIX_PER_GROUP, Load, NodeRoute, RouteRequest, Scoring
+from kvpipe.processors.router.rows import Zero, liveness, score
 
 Member = tuple[NodeState, NodeModel]
 # per touched member: (member index, gpu tokens, any tokens, [(gpu blocks, blocks used, media ids)])

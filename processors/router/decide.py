@@ -2,17 +2,17 @@
 that cache benefit against the node's load, and a chosen node.
 
 Hit (the default semantics, "hma"). For every eligible node, each of its groups' hash lists (from
-token ids: `processors.router.hashing`, per the node's own hash configuration; or the request's
+token ids: `kvpipe.processors.router.hashing`, per the node's own hash configuration; or the request's
 validated lists) is looked up once in the index's inverted view (`route_hma.held_positions`), and
-`gpu.hit.longest_hybrid_hit_in_views` — the rule the GPU side's coordinator runs — gives the hit
+`kvpipe.gpu.hit.longest_hybrid_hit_in_views` — the rule the GPU side's coordinator runs — gives the hit
 on the node's own group specs, capped at `num_tokens − 1` (vLLM never reuses the last token). All
-candidate nodes are searched in one call (`processors.router.hits`: the native crate by default,
-held equal to `gpu.hit` by a property test); each node's row is built in `processors.router.rows`.
+candidate nodes are searched in one call (`kvpipe.processors.router.hits`: the native crate by default,
+held equal to `kvpipe.gpu.hit` by a property test); each node's row is built in `kvpipe.processors.router.rows`.
 
     gpu_tokens      = hit(blocks on GPU ∪ speculative)
     loadable_tokens = hit(blocks on any medium ∪ speculative) − gpu_tokens
 
-Speculative blocks are in-flight accounting's guesses (`processors.router.inflight`): blocks of
+Speculative blocks are in-flight accounting's guesses (`kvpipe.processors.router.inflight`): blocks of
 requests sent to the node whose events have not arrived. They count as GPU blocks; every row
 says how many of its blocks are only guesses (`speculative`, `groups[].speculative_blocks`).
 
@@ -54,14 +54,14 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from processors.index import Index, NodeState
-from processors.route_hma import NodeModel, at_units, held_positions
-from processors.router.hashing import PromptHasher, layout_mismatch
-from processors.router.cohort import cohort_hits, touched_row
-from processors.router.hits import Engine, HitSearch, Job
-from processors.router.inflight import InFlight
-from processors.router.plan import Plan, label, plan
-from processors.router.model import (
+from kvpipe.processors.index import Index, NodeState
+from kvpipe.processors.route_hma import NodeModel, at_units, held_positions
+from kvpipe.processors.router.hashing import PromptHasher, layout_mismatch
+from kvpipe.processors.router.cohort import cohort_hits, touched_row
+from kvpipe.processors.router.hits import Engine, HitSearch, Job
+from kvpipe.processors.router.inflight import InFlight
+from kvpipe.processors.router.plan import Plan, label, plan
+from kvpipe.processors.router.model import (
     HashConfigUsed,
     Load,
     NodeRoute,
@@ -71,9 +71,9 @@ from processors.router.model import (
     RouteRequest,
     Scoring,
 )
-from processors.router.request import Checked, check_group_lists, check_request
-from processors.router.rows import TIER, Pending, Zero, node_row, prepare, score, zero_rank, zero_row, zero_shape
-from schemas.events import ExternalHash
+from kvpipe.processors.router.request import Checked, check_group_lists, check_request
+from kvpipe.processors.router.rows import TIER, Pending, Zero, node_row, prepare, score, zero_rank, zero_row, zero_shape
+from kvpipe.schemas.events import ExternalHash
 
 Lists = dict[int, list[ExternalHash]]
 _TIER = TIER

@@ -3,8 +3,8 @@
 A node publishes how it hashes (`HashConfig`: algorithm, hash unit, none-hash seed rule, int or
 bytes external form) and its groups (`GroupSpec`: block size per group). The prompt's fine chain
 (one hash per `hash_block_size` tokens) depends only on the configuration, so it is computed once
-per distinct configuration with `gpu.hashing` — the function the GPU side itself hashes with — and
-each group's list is the view at that group's block size (`gpu.hit.ViewCache`: the last fine hash
+per distinct configuration with `kvpipe.gpu.hashing` — the function the GPU side itself hashes with — and
+each group's list is the view at that group's block size (`kvpipe.gpu.hit.ViewCache`: the last fine hash
 of each of its blocks, docs/vllm-behaviour.md §3.5), built once per block size.
 
 Hashing dominates the token-id path's cost (SHA-256 over a pickle per hash unit), so each
@@ -15,11 +15,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from gpu.hashing import RequestKeys, external_hash, hash_request_blocks, hasher_from_config
-from gpu.hit import ViewCache
-from processors.router.model import HashConfigUsed
-from schemas.envelope import GroupSpec, HashConfig
-from schemas.events import ExternalHash
+from kvpipe.gpu.hashing import RequestKeys, external_hash, hash_request_blocks, hasher_from_config
+from kvpipe.gpu.hit import ViewCache
+from kvpipe.processors.router.model import HashConfigUsed
+from kvpipe.schemas.envelope import GroupSpec, HashConfig
+from kvpipe.schemas.events import ExternalHash
 
 ConfigKey = tuple[str, int, str, str | None, bool]
 

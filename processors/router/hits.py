@@ -1,5 +1,5 @@
 """The router's hit search for every candidate node of a request in one call, on one of two engines
-with one set of rules (`gpu.hit`, the readable reference):
+with one set of rules (`kvpipe.gpu.hit`, the readable reference):
 
   "native"  `kvpipe_native` (the Rust crate in native/, built by infra/scripts/native.sh): each
             node layout's spec model is registered once and kept by id, held positions go in as the
@@ -7,7 +7,7 @@ with one set of rules (`gpu.hit`, the readable reference):
   "python"  `route_hma.hybrid_hit` per node.
 
 "native" is the default when the extension imports; tests/property/test_native_hit.py holds the two
-equal. A layout the native engine does not model (one `gpu.hit` refuses: chunked local attention off
+equal. A layout the native engine does not model (one `kvpipe.gpu.hit` refuses: chunked local attention off
 its block or with EAGLE, Mamba outside align mode, no prefix-cacheable group) is searched by the
 reference, so its error reaches the node's row unchanged.
 """
@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
-from gpu.hit import is_fine_grained, split_spec_groups, supports_fine_grained
-from gpu.specs import ChunkedLocal, FullAttention, Mamba, SlidingWindow
-from processors.route_hma import NodeModel, hybrid_hit
+from kvpipe.gpu.hit import is_fine_grained, split_spec_groups, supports_fine_grained
+from kvpipe.gpu.specs import ChunkedLocal, FullAttention, Mamba, SlidingWindow
+from kvpipe.processors.route_hma import NodeModel, hybrid_hit
 
 try:
     import kvpipe_native
@@ -45,7 +45,7 @@ class Job(NamedTuple):
 class Hit(NamedTuple):
     length: int
     # per searched group, its found list as `(start, end)`: `end` slots, real blocks at `start..end`
-    # (`gpu.hit.HybridHit.masks` is always null slots then real ones: `[False] * start + [True] * ...`)
+    # (`kvpipe.gpu.hit.HybridHit.masks` is always null slots then real ones: `[False] * start + [True] * ...`)
     spans: tuple[tuple[int, int], ...]
 
 
@@ -152,7 +152,7 @@ class HitSearch:
                 return None  # the reference raises the reason
         assert self._native is not None
         lid = self._native.add_layout(len(groups), args, model.alignment)
-        # gpu.hit.GroupViews.num_tokens: a fine-grained group's list is at the hash unit
+        # kvpipe.gpu.hit.GroupViews.num_tokens: a fine-grained group's list is at the hash unit
         fine_unit = any(supports_fine_grained(s) and is_fine_grained(s.block_size, model.alignment)  # type: ignore[union-attr]
                         for s in specs)
         units = tuple(model.alignment if fine_unit and is_fine_grained(s.block_size, model.alignment)  # type: ignore[union-attr]

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, ExternalHash
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, ExternalHash
 
 
 @dataclass(slots=True)

@@ -1,5 +1,5 @@
 """The router's request and answer: one set of msgspec Structs for the server, the client and the
-OpenAPI document (`processors.router.openapi` generates the schema from these very classes).
+OpenAPI document (`kvpipe.processors.router.openapi` generates the schema from these very classes).
 
 A request names its prompt either as `token_ids` (the router hashes them with each candidate
 node's own hash configuration) or as `block_hashes` per group (for routers that hash themselves;
@@ -15,7 +15,7 @@ from typing import Literal, Union
 
 import msgspec
 
-from schemas.envelope import HashConfig
+from kvpipe.schemas.envelope import HashConfig
 
 HMA = "hma"
 PREFIX_PER_GROUP = "prefix-per-group"
@@ -37,7 +37,7 @@ class MMItem(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class Scoring(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
-    """Knobs of the score (formula: `processors.router.decide`). Defaults: deterministic argmax."""
+    """Knobs of the score (formula: `kvpipe.processors.router.decide`). Defaults: deterministic argmax."""
 
     overlap_weight: float = 1.0  # weight of the cache benefit (fraction of the prompt reused)
     cpu_weight: float = 0.5  # a CPU-loadable token is worth this much of a GPU-resident one
@@ -144,7 +144,7 @@ class RouteAnswer(msgspec.Struct, kw_only=True):
 class LocalRouteAnswer(RouteAnswer, kw_only=True):
     """One worker's part of an answer (`POST /route?local=1`): its `route_local` rows plus which
     events partitions it answers for and each listed node's partition, so the coordinator takes
-    every partition from one worker only (`processors.routeapi.merge_local`)."""
+    every partition from one worker only (`kvpipe.processors.routeapi.merge_local`)."""
 
     partitions: list[int] = []
     node_partitions: dict[str, int] = {}

@@ -1,4 +1,4 @@
-"""`/openapi.json` for the router endpoints, generated from the Structs in `processors.router.model`
+"""`/openapi.json` for the router endpoints, generated from the Structs in `kvpipe.processors.router.model`
 (`msgspec.json.schema_components`), so the document cannot drift from what the server decodes and
 the client reads. The examples are built from the Structs too, and a test decodes each one back.
 """
@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from processors.router.model import (
+from kvpipe.processors.router.model import (
     ErrorBody,
     FinishedReport,
     GroupHit,
@@ -21,7 +21,7 @@ from processors.router.model import (
     Scoring,
     SentReport,
 )
-from schemas.envelope import HashConfig
+from kvpipe.schemas.envelope import HashConfig
 
 OPENAPI_VERSION = "3.1.0"
 _REF = "#/components/schemas/{name}"

@@ -5,18 +5,18 @@ eligible, with which spec model, and which of them share one hash configuration 
 configuration or model: `processors/index.py`). Without it a route paid this per node, every time.
 
 Nodes that are not eligible keep their reasons here too (`NoSignal`, by the same rules as before:
-`processors.router.decide`). Only the request's own hashing stays per request: a configuration
+`kvpipe.processors.router.decide`). Only the request's own hashing stays per request: a configuration
 whose hashes cannot be computed for this prompt turns its nodes into no-signal rows then.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from processors.index import Index, NodeState
-from processors.route_hma import NodeModel, node_model
-from processors.router.hashing import config_key, layout_mismatch
-from processors.router.model import NoSignal
-from schemas.envelope import GroupSpec, HashConfig
+from kvpipe.processors.index import Index, NodeState
+from kvpipe.processors.route_hma import NodeModel, node_model
+from kvpipe.processors.router.hashing import config_key, layout_mismatch
+from kvpipe.processors.router.model import NoSignal
+from kvpipe.schemas.envelope import GroupSpec, HashConfig
 
 Member = tuple[NodeState, NodeModel]
 

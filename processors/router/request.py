@@ -15,9 +15,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpu.hashing import LoRA, MMFeature, RequestKeys
-from processors.router.model import RouteError, RouteRequest
-from schemas.events import ExternalHash
+from kvpipe.gpu.hashing import LoRA, MMFeature, RequestKeys
+from kvpipe.processors.router.model import RouteError, RouteRequest
+from kvpipe.schemas.events import ExternalHash
 
 MAX_TOKENS = 1_000_000
 MAX_HASHES = 100_000

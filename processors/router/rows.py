@@ -1,4 +1,4 @@
-"""One node's row of a route answer (`processors.router.decide`): the sets its hit search runs on
+"""One node's row of a route answer (`kvpipe.processors.router.decide`): the sets its hit search runs on
 (`prepare`), then, with the search's answers, its groups, media, speculation and score (`node_row`).
 A node that holds none of the request's blocks and has nothing in flight gets its row from a shape
 shared by every such node of one model (`zero_shape`, `zero_row`): the same rules, run once.
@@ -10,12 +10,12 @@ from typing import NamedTuple
 
 import msgspec
 
-from processors.index import GPU, NodeState
-from processors.route_hma import Held, NodeModel, block_positions, whole_blocks
-from processors.router.hits import Hit
-from processors.router.inflight import InFlight
-from processors.router.model import PREFIX_PER_GROUP, GroupHit, Load, NodeRoute, RouteRequest, Scoring
-from schemas.events import ExternalHash
+from kvpipe.processors.index import GPU, NodeState
+from kvpipe.processors.route_hma import Held, NodeModel, block_positions, whole_blocks
+from kvpipe.processors.router.hits import Hit
+from kvpipe.processors.router.inflight import InFlight
+from kvpipe.processors.router.model import PREFIX_PER_GROUP, GroupHit, Load, NodeRoute, RouteRequest, Scoring
+from kvpipe.schemas.events import ExternalHash
 
 Lists = dict[int, list[ExternalHash]]
 NO_LOAD = Load()
@@ -24,7 +24,7 @@ _EMPTY: frozenset[int] = frozenset()  # shared, never changed
 
 def score(gpu_tokens: int, loadable_tokens: int, num_tokens: int | None, load: Load, in_flight: int,
           s: Scoring) -> float:
-    """The formula of `processors.router.decide`'s docstring."""
+    """The formula of `kvpipe.processors.router.decide`'s docstring."""
     cap = max((num_tokens or 0) - 1, 1)
     benefit = s.overlap_weight * (gpu_tokens + s.cpu_weight * loadable_tokens) / cap
     penalty = (s.running_weight * load.running + s.waiting_weight * (load.waiting + in_flight)

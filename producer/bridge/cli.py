@@ -19,13 +19,13 @@ from types import SimpleNamespace
 
 import click
 
-from producer.bridge.replay import DEFAULT_TIMEOUT_S
-from producer.bridge.runner import Bridge, BridgeConfig
-from schemas.layout import layout_problem
-from schemas.cliopts import (Command, apply_bootstrap, bootstrap_server_option, configure_logging, deprecated,
+from kvpipe.producer.bridge.replay import DEFAULT_TIMEOUT_S
+from kvpipe.producer.bridge.runner import Bridge, BridgeConfig
+from kvpipe.schemas.layout import layout_problem
+from kvpipe.schemas.cliopts import (Command, apply_bootstrap, bootstrap_server_option, configure_logging, deprecated,
                              log_level_option, run)
-from producer.bridge.specs import SpecsError, apply_options, load_specs_file, parse_group_spec
-from schemas.groupspec import EXAMPLE, GRAMMAR, GroupSpecError, parse_groups
+from kvpipe.producer.bridge.specs import SpecsError, apply_options, load_specs_file, parse_group_spec
+from kvpipe.schemas.groupspec import EXAMPLE, GRAMMAR, GroupSpecError, parse_groups
 
 log = logging.getLogger("kvpipe.bridge")
 
@@ -126,11 +126,11 @@ def _bridge(args: SimpleNamespace) -> int:
 
 def _forwarding_bridge(config: BridgeConfig, args: SimpleNamespace, declared: list, hash_config, model) -> Bridge:
     # Kafka only when forwarding: `--record` must work on a machine without a broker.
-    from producer.bridge.dlq import KafkaDeadLetters
-    from producer.publisher import Publisher
-    from schemas.settings import load_settings
+    from kvpipe.producer.bridge.dlq import KafkaDeadLetters
+    from kvpipe.producer.publisher import Publisher
+    from kvpipe.schemas.settings import load_settings
 
-    settings = load_settings()  # --bootstrap-server is in the environment by now (schemas.cliopts)
+    settings = load_settings()  # --bootstrap-server is in the environment by now (kvpipe.schemas.cliopts)
     config.max_bytes = settings.max_message_bytes
     config.publisher_queue_limit = max(1, settings.producer_queue_batches * 4 // 5)
 
@@ -146,7 +146,7 @@ def _forwarding_bridge(config: BridgeConfig, args: SimpleNamespace, declared: li
 
 def _metrics_token(args: SimpleNamespace) -> str | None:
     """The bearer token /metrics requires ("" = none); None when the bind is refused (logged)."""
-    from schemas.settings import SettingsError, exposure_problem, load_settings
+    from kvpipe.schemas.settings import SettingsError, exposure_problem, load_settings
 
     try:
         settings = load_settings()
@@ -175,7 +175,7 @@ def _serve(bridge: Bridge, args: SimpleNamespace) -> int:
         return 1
     scraper = None
     if getattr(args, "metrics_url", None) and not args.record:
-        from producer.bridge.engine_load import LoadScraper
+        from kvpipe.producer.bridge.engine_load import LoadScraper
 
         try:
             scraper = LoadScraper(args.metrics_url, [(w.rank, w.publisher.set_load) for w in bridge.workers
@@ -186,7 +186,7 @@ def _serve(bridge: Bridge, args: SimpleNamespace) -> int:
             return 2
     server = None
     if args.metrics_port is not None:
-        from producer.bridge.metrics import MetricsServer
+        from kvpipe.producer.bridge.metrics import MetricsServer
 
         server = MetricsServer(args.metrics_host, args.metrics_port, bridge.metrics_text, token=token).start()
         log.info("metrics on http://%s:%d/metrics", args.metrics_host, server.port)

@@ -29,14 +29,14 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from producer.bridge.dlq import DeadLetters
-from producer.bridge.metrics import Counters
-from producer.bridge.replay import ReplayResult
-from producer.bridge.specs import SpecTracker
-from producer.bridge.subscriber import MalformedFrames, split_live_frames
-from schemas.codec import DEFAULT_MAX_BYTES, DecodeError, decode_vllm_batch, hex_excerpt
-from schemas.envelope import GroupSpec, HashConfig
-from schemas.events import KVEventBatch
+from kvpipe.producer.bridge.dlq import DeadLetters
+from kvpipe.producer.bridge.metrics import Counters
+from kvpipe.producer.bridge.replay import ReplayResult
+from kvpipe.producer.bridge.specs import SpecTracker
+from kvpipe.producer.bridge.subscriber import MalformedFrames, split_live_frames
+from kvpipe.schemas.codec import DEFAULT_MAX_BYTES, DecodeError, decode_vllm_batch, hex_excerpt
+from kvpipe.schemas.envelope import GroupSpec, HashConfig
+from kvpipe.schemas.events import KVEventBatch
 
 log = logging.getLogger("kvpipe.bridge")
 

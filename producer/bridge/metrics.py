@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from producer.bridge.specs import Mismatch
+from kvpipe.producer.bridge.specs import Mismatch
 
 # Counters field → (family name after `kvpipe_bridge_`, help). Families carry a `node` label
 # (node id / dp rank); counters get `_total` from prometheus_client.
@@ -93,7 +93,7 @@ def render(nodes: Iterable[tuple[str, Counters, list[Mismatch]]]) -> str:
 
 
 def bearer_ok(header: str | None, token: str) -> bool:
-    """True if an Authorization header carries `token` (constant-time; as processors.webauth)."""
+    """True if an Authorization header carries `token` (constant-time; as kvpipe.processors.webauth)."""
     scheme, _, value = (header or "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
 

@@ -17,7 +17,7 @@ from typing import BinaryIO, Iterator
 
 import msgspec
 
-from producer.bridge.subscriber import MalformedFrames, split_live_frames
+from kvpipe.producer.bridge.subscriber import MalformedFrames, split_live_frames
 
 MAGIC = b"KVPREC01"
 SUFFIX = ".kvrec"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from producer.bridge.subscriber import SEQ_BYTES, MalformedFrames
+from kvpipe.producer.bridge.subscriber import SEQ_BYTES, MalformedFrames
 
 END_SEQ = b"\xff" * SEQ_BYTES
 DEFAULT_TIMEOUT_S = 2.0

@@ -17,16 +17,16 @@ from typing import BinaryIO, Callable
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from producer.bridge.dlq import DeadLetters
-from producer.bridge.forwarder import Forwarder, PublisherLike
-from producer.bridge.metrics import Counters, render
-from producer.bridge.recording import open_recording, write_frame
-from producer.bridge.replay import DEFAULT_TIMEOUT_S, ReplayClient
-from producer.bridge.silence import SilenceWatch
-from producer.bridge.specs import SpecTracker
-from producer.bridge.subscriber import offset_endpoint, open_sub
-from schemas.codec import DEFAULT_MAX_BYTES
-from schemas.envelope import GroupSpec, HashConfig
+from kvpipe.producer.bridge.dlq import DeadLetters
+from kvpipe.producer.bridge.forwarder import Forwarder, PublisherLike
+from kvpipe.producer.bridge.metrics import Counters, render
+from kvpipe.producer.bridge.recording import open_recording, write_frame
+from kvpipe.producer.bridge.replay import DEFAULT_TIMEOUT_S, ReplayClient
+from kvpipe.producer.bridge.silence import SilenceWatch
+from kvpipe.producer.bridge.specs import SpecTracker
+from kvpipe.producer.bridge.subscriber import offset_endpoint, open_sub
+from kvpipe.schemas.codec import DEFAULT_MAX_BYTES
+from kvpipe.schemas.envelope import GroupSpec, HashConfig
 
 log = logging.getLogger("kvpipe.bridge")
 
@@ -49,7 +49,7 @@ class BridgeConfig:
     # while ZMQ (RCVHWM) and vLLM's replay ring can hold a backlog without losing anything.
     publisher_queue_limit: int = 8_000
     # Warn (log + kvpipe_bridge_silence_warnings_total) when no frame arrives this long after
-    # connecting or since the last frame; 0 turns it off (producer.bridge.silence).
+    # connecting or since the last frame; 0 turns it off (kvpipe.producer.bridge.silence).
     silence_warn_s: float = 30.0
 
     def ranks(self) -> range:

@@ -15,11 +15,11 @@ block size when vLLM serves fine-grained hits) are recognised and not counted as
 
 Specs file (JSON): `{"group_specs": [{"group_idx": 0, "kind": "full_attention", "block_size": 16},
 ...], "hash_config": {"algorithm": "sha256", "hash_block_size": 16}, "model": "..."}`; a bare list
-is taken as `group_specs`. Field names are those of `schemas.envelope.GroupSpec` / `HashConfig`.
-`--groups` takes the grammar of `schemas.groupspec`; `--group-spec` one GroupSpec as a JSON object
+is taken as `group_specs`. Field names are those of `kvpipe.schemas.envelope.GroupSpec` / `HashConfig`.
+`--groups` takes the grammar of `kvpipe.schemas.groupspec`; `--group-spec` one GroupSpec as a JSON object
 (or the older `IDX:KIND:BLOCK_SIZE[:WINDOW]`, deprecated).
 `apply_options` folds `--eagle-group` and `--prefix-match-unit` into the declaration, and
-`schemas.layout.layout_problem` refuses a declared layout vLLM itself would refuse.
+`kvpipe.schemas.layout.layout_problem` refuses a declared layout vLLM itself would refuse.
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ from typing import Callable, Iterable
 
 import msgspec
 
-from schemas.envelope import KIND_UNKNOWN, KNOWN_KINDS, GroupSpec, HashConfig
-from schemas.events import BlockStored
-from schemas.groupspec import parse_group
+from kvpipe.schemas.envelope import KIND_UNKNOWN, KNOWN_KINDS, GroupSpec, HashConfig
+from kvpipe.schemas.events import BlockStored
+from kvpipe.schemas.groupspec import parse_group
 
 log = logging.getLogger("kvpipe.bridge.specs")
 
@@ -50,7 +50,7 @@ class SpecsFile(msgspec.Struct, forbid_unknown_fields=True):
 
 def parse_group_spec(text: str, on_deprecated: Callable[[str], None] | None = None) -> GroupSpec:
     """A JSON object with GroupSpec's fields, or the older `IDX:KIND:BLOCK_SIZE[:WINDOW]` (read by
-    `schemas.groupspec`, the grammar `--groups` uses; `on_deprecated` hears of it)."""
+    `kvpipe.schemas.groupspec`, the grammar `--groups` uses; `on_deprecated` hears of it)."""
     text = text.strip()
     try:
         if text.startswith("{"):

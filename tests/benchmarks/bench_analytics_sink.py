@@ -18,8 +18,8 @@ from pathlib import Path
 
 import clickhouse_connect
 
-from processors.analytics.rows import EVENT_COLUMNS, EventRow, event_columns
-from processors.analytics.sink import AnalyticsSink
+from kvpipe.processors.analytics.rows import EVENT_COLUMNS, EventRow, event_columns
+from kvpipe.processors.analytics.sink import AnalyticsSink
 
 
 def make_rows(n: int, seed: int = 7) -> list[EventRow]:

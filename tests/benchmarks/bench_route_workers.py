@@ -17,9 +17,9 @@ import time
 import uuid
 from pathlib import Path
 
-from processors import bench
-from processors.procrun import ProcessorProcess, free_port
-from schemas.settings import load_settings
+from kvpipe.bench import ingest as bench
+from kvpipe.bench.procrun import ProcessorProcess, free_port
+from kvpipe.schemas.settings import load_settings
 
 PARTITIONS = 4
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import msgspec
 
-from schemas.codec import decode_envelope, encode_envelope, envelope_events
-from schemas.envelope import SCHEMA_MAJOR, Envelope
+from kvpipe.schemas.codec import decode_envelope, encode_envelope, envelope_events
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
 
 GOLDEN = json.loads((Path(__file__).parent / "envelope_v1.json").read_text())
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import msgspec
 
-from schemas.codec import decode_envelope, encode_envelope
+from kvpipe.schemas.codec import decode_envelope, encode_envelope
 
 GOLDEN = json.loads((Path(__file__).parent / "envelope_v1_eagle_unit.json").read_text())
 OLD = json.loads((Path(__file__).parent / "envelope_v1.json").read_text())

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import msgspec
 
-from schemas.codec import decode_envelope, encode_envelope
-from schemas.envelope import Envelope
+from kvpipe.schemas.codec import decode_envelope, encode_envelope
+from kvpipe.schemas.envelope import Envelope
 
 HERE = Path(__file__).parent
 GOLDEN = json.loads((HERE / "envelope_v1_load.json").read_text())

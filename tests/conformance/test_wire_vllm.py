@@ -10,8 +10,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from schemas.codec import LAYOUT_ARRAY, LAYOUT_MAP, decode_vllm_batch, detect_layout, encode_vllm_batch
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from kvpipe.schemas.codec import LAYOUT_ARRAY, LAYOUT_MAP, decode_vllm_batch, detect_layout, encode_vllm_batch
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 GOLDEN = json.loads((Path(__file__).parent / "vllm_0_33_batches.json").read_text())
 

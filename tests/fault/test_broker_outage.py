@@ -3,7 +3,7 @@
 A broker of the test's own (temp state dir, free ports; the shared dev broker is never touched) is
 SIGKILLed while four nodes publish through the real Publisher and `kvpipe processor` consumes,
 then restarted. Afterwards the processor's index equals what the nodes published, exactly
-(kvpipe/faultload.py), and no publish call blocked. The long form: `kvpipe bench faults --only outage`.
+(kvpipe/bench/faultload.py), and no publish call blocked. The long form: `kvpipe bench faults --only outage`.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from kvpipe.faults import outage
+from kvpipe.bench.faults import outage
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from kvpipe.faults import leader_kill
+from kvpipe.bench.faults import leader_kill
 
 pytestmark = pytest.mark.integration
 

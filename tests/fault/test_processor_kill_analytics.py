@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from processors.procrun import ProcessorProcess
-from schemas.events import AllBlocksCleared
+from kvpipe.bench.procrun import ProcessorProcess
+from kvpipe.schemas.events import AllBlocksCleared
 from tests.integration.analytics_helpers import (
     FA,
     KIND_OF_GROUP,

@@ -1,6 +1,6 @@
 """The processor stopped (SIGSTOP) or killed (SIGKILL) under load, on the shared broker.
 
-Both leave the index exactly equal to what the nodes published (kvpipe/faultload.py); after the
+Both leave the index exactly equal to what the nodes published (kvpipe/bench/faultload.py); after the
 kill it also equals a rebuild from offset 0. tests/integration/test_processor.py covers the kill of
 an idle processor with a known snapshot; here the kill lands mid-stream, with periodic snapshots
 every second. Long forms: `kvpipe bench faults --only pause,kill`.
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from kvpipe.faults import processor_kill, processor_pause
+from kvpipe.bench.faults import processor_kill, processor_pause
 
 pytestmark = pytest.mark.integration
 

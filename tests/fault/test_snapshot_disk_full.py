@@ -28,11 +28,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.kafka.config import BrokerConfig
-from infra.kafka.local import LocalKafka
-from infra.topics import TopicSpec, ensure_topics
-from kvpipe.faultload import Load, Rig, check_index
-from processors.procrun import free_port
+from kvpipe.infra.kafka.config import BrokerConfig
+from kvpipe.infra.kafka.local import LocalKafka
+from kvpipe.infra.topics import TopicSpec, ensure_topics
+from kvpipe.bench.faultload import Load, Rig, check_index
+from kvpipe.bench.procrun import free_port
 
 pytestmark = pytest.mark.integration
 

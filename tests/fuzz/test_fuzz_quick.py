@@ -2,15 +2,15 @@
 random bytes, truncations, bit flips, wrong shapes and types, huge and negative numbers, deep
 nesting, invalid UTF-8 (known and unknown keys), future/NaN/negative timestamps, wrong versions
 and headers, unknown tags, oversize messages, state and cap abuse — interleaved with envelopes of
-four well-behaved nodes, through `Ingest.handle` on a real `Index` (`processors.fuzz`).
+four well-behaved nodes, through `Ingest.handle` on a real `Index` (`kvpipe.bench.fuzz`).
 
 The long form is `kvpipe bench fuzz --json` (10^5 inputs)."""
 from __future__ import annotations
 
 import pytest
 
-from processors.fuzz import run_fuzz
-from schemas.codec import ERROR_KINDS
+from kvpipe.bench.fuzz import run_fuzz
+from kvpipe.schemas.codec import ERROR_KINDS
 
 
 @pytest.mark.parametrize("seed", [1, 2])

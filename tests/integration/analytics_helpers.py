@@ -3,7 +3,7 @@ and the test's own model of the rows it must write.
 
 `AnalyticsSession` owns the topics and the settings of one analytics app (its chDB store lives in
 the session's state dir, so only that app may open it: tests read through its `POST /sql`).
-`RowModel` recomputes, from the events the test publishes and independently of `processors.index`,
+`RowModel` recomputes, from the events the test publishes and independently of `kvpipe.processors.index`,
 which `kv_events` and `kv_block_lifetimes` rows exactly-once analytics must hold.
 `SimNode` publishes steps through the real `Publisher` with test-chosen timestamps, so lifetimes
 are whole seconds and their sums can be compared exactly.
@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 
-from processors.procrun import ProcessorProcess, free_port
+from kvpipe.bench.procrun import ProcessorProcess, free_port
 from tests.integration.processor_fixture import ProcessorTopics
-from producer.publisher import Publisher
-from schemas.envelope import GroupSpec
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
-from schemas.settings import load_settings
+from kvpipe.producer.publisher import Publisher
+from kvpipe.schemas.envelope import GroupSpec
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from kvpipe.schemas.settings import load_settings
 
 FA, SWA = 0, 1  # group indexes
 SPECS = [GroupSpec(group_idx=FA, kind="full_attention", block_size=16),
@@ -228,7 +228,7 @@ def sql(proc: ProcessorProcess, statement: str, params: dict[str, Any] | None = 
 
 def saved(proc: ProcessorProcess, name: str, params: dict[str, Any] | None = None) -> list[dict]:
     """A saved query (infra/clickhouse/queries) run through /sql, parameters bound server-side."""
-    from processors.analytics.saved import load_query
+    from kvpipe.processors.analytics.saved import load_query
 
     query = load_query(name)
     return sql(proc, query.sql, query.bind(params))

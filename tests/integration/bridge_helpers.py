@@ -8,13 +8,13 @@ from typing import Iterator
 
 from tests.integration.kafka_reading import consume
 
-from producer.bridge.dlq import KafkaDeadLetters
-from producer.bridge.runner import Bridge, BridgeConfig
-from producer.bridge.testing_publisher import CacheSim, TestingPublisher, free_port_range
-from producer.publisher import Publisher
-from schemas.codec import decode_envelope, encode_vllm_batch
-from schemas.envelope import Envelope, GroupSpec
-from schemas.settings import load_settings
+from kvpipe.producer.bridge.dlq import KafkaDeadLetters
+from kvpipe.producer.bridge.runner import Bridge, BridgeConfig
+from kvpipe.bench.testing_publisher import CacheSim, TestingPublisher, free_port_range
+from kvpipe.producer.publisher import Publisher
+from kvpipe.schemas.codec import decode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import Envelope, GroupSpec
+from kvpipe.schemas.settings import load_settings
 
 GROUPS = [GroupSpec(0, "full_attention", 16), GroupSpec(1, "sliding_window", 16, sliding_window=64)]
 

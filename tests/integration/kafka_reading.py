@@ -5,7 +5,7 @@ import time
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
-from schemas.settings import load_settings
+from kvpipe.schemas.settings import load_settings
 
 
 def client_config(bootstrap: str, **extra: object) -> dict:

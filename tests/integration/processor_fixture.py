@@ -9,10 +9,10 @@ from collections import Counter
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from gpu.hit import longest_hybrid_hit_in_views
-from gpu.specs import from_group_spec
-from schemas.envelope import GroupSpec
-from schemas.events import BlockStored
+from kvpipe.gpu.hit import longest_hybrid_hit_in_views
+from kvpipe.gpu.specs import from_group_spec
+from kvpipe.schemas.envelope import GroupSpec
+from kvpipe.schemas.events import BlockStored
 from tests.integration.kafka_reading import client_config
 
 
@@ -82,7 +82,7 @@ class HeldBlocks:
                        loads: dict[str, tuple[int, int, float]] | None = None) -> list[tuple[str, int, int]]:
         """`(node, gpu_tokens, loadable_tokens)` of `/route` for the same hash list in every group
         and `num_tokens = len(hashes) * block_size + 1` (so the cap is the whole list): vLLM's hybrid
-        hit by `gpu.hit` (the reference) on what each node holds, rows with a hit only, ranked by
+        hit by `kvpipe.gpu.hit` (the reference) on what each node holds, rows with a hit only, ranked by
         the default score with no load — (gpu + 0.5 · loadable) / cap — then GPU, then loadable;
         `suspect` nodes after the others. `node_specs`: nodes whose groups differ from `specs`;
         `loads`: (running, waiting, kv_usage) reported by nodes, weighed with the default knobs

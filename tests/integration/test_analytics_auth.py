@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from processors.procrun import REPO, ProcessorProcess, free_port
+from kvpipe.bench.procrun import REPO, ProcessorProcess, free_port
 from tests.integration.processor_fixture import ProcessorTopics
 from tests.integration.test_api_auth import call
 

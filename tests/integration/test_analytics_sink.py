@@ -28,13 +28,13 @@ import clickhouse_connect
 import msgspec
 import pytest
 
-from processors.analytics.migrations import apply_migrations, load_migrations
-from processors.analytics.rows import EventRow, LifetimeRow, event_rows
-from processors.analytics.saved import list_queries, run_query
-from processors.analytics.sink import AnalyticsSink
-from schemas.codec import encode_vllm_batch
-from schemas.envelope import Envelope, GroupSpec
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpipe.processors.analytics.migrations import apply_migrations, load_migrations
+from kvpipe.processors.analytics.rows import EventRow, LifetimeRow, event_rows
+from kvpipe.processors.analytics.saved import list_queries, run_query
+from kvpipe.processors.analytics.sink import AnalyticsSink
+from kvpipe.schemas.codec import encode_vllm_batch
+from kvpipe.schemas.envelope import Envelope, GroupSpec
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +95,7 @@ def message_rows(i: int) -> tuple[list[EventRow], list[LifetimeRow], list]:
 
 def _restores() -> list[list]:
     """Re-store rows per message, from one tracker fed the messages in order (as the app does)."""
-    from processors.analytics.restores import RestoreTracker
+    from kvpipe.processors.analytics.restores import RestoreTracker
 
     tracker, out = RestoreTracker(), []
     kinds = {g.group_idx: (g.kind, g.block_size) for g in SPECS}
@@ -345,7 +345,7 @@ def test_every_saved_query_has_a_title_and_runs_on_an_empty_store(open_sink):
 
 
 def test_report_has_every_saved_query_and_inline_svg_plots(open_sink, tmp_path):
-    from processors.analytics.report import PLOTS, build_report
+    from kvpipe.processors.analytics.report import PLOTS, build_report
 
     sink = open_sink()
     submit_all(sink)

@@ -1,4 +1,4 @@
-"""The processor's HTTP API behind a bearer token (processors.webauth), as a user meets it: a real
+"""The processor's HTTP API behind a bearer token (kvpipe.processors.webauth), as a user meets it: a real
 `kvpipe processor` on the shared broker with KVPIPE_API_TOKEN set, asked with no token, a wrong
 one and the right one; Faust's own pages gone; the bind rule of `--web-host`; `kvpipe route`
 sending the token from its environment; and the token in no log line.
@@ -19,12 +19,12 @@ import msgspec
 import pytest
 from confluent_kafka import Producer
 
-from processors.procrun import REPO, ProcessorProcess, free_port
-from producer.publisher import Publisher
-from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
-from schemas.events import BlockStored
-from schemas.settings import load_settings
+from kvpipe.bench.procrun import REPO, ProcessorProcess, free_port
+from kvpipe.producer.publisher import Publisher
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
+from kvpipe.schemas.events import BlockStored
+from kvpipe.schemas.settings import load_settings
 from tests.integration.kafka_reading import client_config
 from tests.integration.processor_fixture import ProcessorTopics
 

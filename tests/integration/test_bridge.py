@@ -19,12 +19,12 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from producer.bridge.dlq import HEADER_REASON, decode_frames
-from producer.bridge.recording import read_recording
-from producer.bridge.runner import Bridge, BridgeConfig
-from producer.bridge.testing_publisher import CacheSim, TestingPublisher, free_port_range
-from schemas.codec import decode_vllm_batch
-from schemas.envelope import Envelope
+from kvpipe.producer.bridge.dlq import HEADER_REASON, decode_frames
+from kvpipe.producer.bridge.recording import read_recording
+from kvpipe.producer.bridge.runner import Bridge, BridgeConfig
+from kvpipe.bench.testing_publisher import CacheSim, TestingPublisher, free_port_range
+from kvpipe.schemas.codec import decode_vllm_batch
+from kvpipe.schemas.envelope import Envelope
 from tests.integration.bridge_helpers import GROUPS, Node, batches_on, consume, publish_steps, running_bridge
 
 pytestmark = pytest.mark.integration

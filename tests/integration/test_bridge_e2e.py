@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from producer.bridge.testing_publisher import CacheSim, free_port_range
-from schemas.codec import encode_vllm_batch
+from kvpipe.bench.testing_publisher import CacheSim, free_port_range
+from kvpipe.schemas.codec import encode_vllm_batch
 
 from tests.integration.bridge_helpers import GROUPS, Node, running_bridge
 
@@ -211,7 +211,7 @@ def test_the_engines_prometheus_load_reaches_the_router_through_the_bridge(kafka
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from producer.bridge.engine_load import LoadScraper
+    from kvpipe.producer.bridge.engine_load import LoadScraper
 
     page = {"text": ""}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.events import AllBlocksCleared
+from kvpipe.schemas.events import AllBlocksCleared
 from tests.integration.analytics_helpers import FA, KIND_OF_GROUP, SWA, AnalyticsSession, Clock, RowModel, SimNode, \
     removed, sql, stored, wait_written
 

@@ -5,10 +5,10 @@ from collections import defaultdict
 
 import pytest
 
-from processors.analytics.migrations import apply_migrations
-from processors.analytics.saved import list_queries, run_query
-from processors.analytics.sink import AnalyticsSink
-from processors.analytics.workload import fill_store, serving_steps
+from kvpipe.processors.analytics.migrations import apply_migrations
+from kvpipe.processors.analytics.saved import list_queries, run_query
+from kvpipe.processors.analytics.sink import AnalyticsSink
+from kvpipe.bench.workload import fill_store, serving_steps
 
 STEPS = 3000
 
@@ -90,8 +90,8 @@ def test_end_reasons_and_per_minute_views(store):
 def test_migrations_are_idempotent(store):
     sink, _ = store
     assert apply_migrations(sink._client) == []  # a restart applies nothing
-    from processors.analytics.migrations import load_migrations
-    from processors.analytics.sqlguard import split_statements
+    from kvpipe.processors.analytics.migrations import load_migrations
+    from kvpipe.processors.analytics.sqlguard import split_statements
 
     for mig in load_migrations():  # every statement may run again (crash between DDL and its record)
         for statement in split_statements(mig.sql):
@@ -118,7 +118,7 @@ def test_capacity_curve_in_sql_on_a_cyclic_trace_is_a_step_at_k(store):
 def test_cpu_tier_hits_equal_a_walk_over_the_workload_events(store):
     """Independently of the SQL: walk the events in order, count each (node, epoch, group, hash)'s live CPU copies,
     and call a GPU store with a copy alive a CPU-tier hit."""
-    from schemas.events import BlockRemoved, BlockStored
+    from kvpipe.schemas.events import BlockRemoved, BlockStored
 
     sink, _ = store
     cpu: dict[tuple, int] = defaultdict(int)
@@ -145,7 +145,7 @@ def test_cpu_tier_hits_equal_a_walk_over_the_workload_events(store):
 def test_capacity_curve_tokens_follow_each_re_store_block_size_when_they_differ(store):
     """Tokens saved are hits x block size; a slot whose rows carry different block sizes (an unknown size is 0)
     sums each hit's own size."""
-    from processors.analytics.restores import RestoreRow
+    from kvpipe.processors.analytics.restores import RestoreRow
 
     sink, _ = store
     rows = [RestoreRow("mixed", 1, 0, "full_attention", "GPU", 1000 + i, (16, 32, 0)[i % 3], 1.0, 2.0, "evicted",

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from processors.procrun import REPO, ProcessorProcess, free_port
-from gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
-from producer.publisher import Publisher
-from schemas.envelope import HashConfig
-from schemas.settings import load_settings
+from kvpipe.bench.procrun import REPO, ProcessorProcess, free_port
+from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
+from kvpipe.producer.publisher import Publisher
+from kvpipe.schemas.envelope import HashConfig
+from kvpipe.schemas.settings import load_settings
 from tests.integration.analytics_helpers import FA, SPECS, SWA, AnalyticsSession, Clock, RowModel, SimNode, \
     removed, stored, wait_written
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from processors.analytics.rows import event_rows
-from processors.analytics.saved import run_query
-from processors.analytics.sink import AnalyticsSink
-from schemas.codec import encode_vllm_batch
-from schemas.envelope import Envelope, GroupSpec
-from schemas.events import BlockRemoved, BlockStored
+from kvpipe.processors.analytics.rows import event_rows
+from kvpipe.processors.analytics.saved import run_query
+from kvpipe.processors.analytics.sink import AnalyticsSink
+from kvpipe.schemas.codec import encode_vllm_batch
+from kvpipe.schemas.envelope import Envelope, GroupSpec
+from kvpipe.schemas.events import BlockRemoved, BlockStored
 
 pytestmark = pytest.mark.integration
 

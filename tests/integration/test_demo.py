@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.topics import list_topics
+from kvpipe.infra.topics import list_topics
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """A few hundred hostile messages through the real broker and `kvpipe processor` (RELIABILITY.md).
 
-One victim node publishes normally while other ids send everything `processors.fuzz.Hostile`
+One victim node publishes normally while other ids send everything `kvpipe.bench.fuzz.Hostile`
 generates, plus messages over the processor's size limit but under the events topic's (their
 whole copy would be refused by the DLQ topic), and envelopes stamped far in the future. The DLQ
 must get exactly the messages a local `Ingest` rejects, with the same reasons, each copy within
@@ -20,13 +20,13 @@ import msgspec
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from processors.fuzz import Hostile
-from processors.index import Index
-from processors.ingest import HEADER_DLQ_REASON, HEADER_ORIGINAL_SIZE, HEADER_TRUNCATED, Ingest
-from processors.procrun import ProcessorProcess, free_port
-from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
-from schemas.events import BlockRemoved, BlockStored
+from kvpipe.bench.fuzz import Hostile
+from kvpipe.processors.index import Index
+from kvpipe.processors.ingest import HEADER_DLQ_REASON, HEADER_ORIGINAL_SIZE, HEADER_TRUNCATED, Ingest
+from kvpipe.bench.procrun import ProcessorProcess, free_port
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
+from kvpipe.schemas.events import BlockRemoved, BlockStored
 from tests.integration.processor_fixture import HeldBlocks, ProcessorTopics
 
 pytestmark = pytest.mark.integration

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from infra.errors import InfraError
-from infra.topics import TopicSpec, delete_topics, ensure_topics, list_topics
-from processors.procrun import free_port
+from kvpipe.infra.errors import InfraError
+from kvpipe.infra.topics import TopicSpec, delete_topics, ensure_topics, list_topics
+from kvpipe.bench.procrun import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from kvpipe.faults import free_port_run
+from kvpipe.bench.faults import free_port_run
 from tests.integration.test_infra import Infra, _alive
 
 pytestmark = pytest.mark.integration

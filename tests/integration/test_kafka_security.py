@@ -19,13 +19,13 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from infra.kafka.config import BrokerConfig
-from infra.kafka.local import LocalKafka
-from processors.procrun import ProcessorProcess, free_port
-from producer.publisher import Publisher
-from schemas.envelope import GroupSpec
-from schemas.events import BlockStored
-from schemas.settings import Settings, load_settings
+from kvpipe.infra.kafka.config import BrokerConfig
+from kvpipe.infra.kafka.local import LocalKafka
+from kvpipe.bench.procrun import ProcessorProcess, free_port
+from kvpipe.producer.publisher import Publisher
+from kvpipe.schemas.envelope import GroupSpec
+from kvpipe.schemas.events import BlockStored
+from kvpipe.schemas.settings import Settings, load_settings
 
 pytestmark = pytest.mark.integration
 

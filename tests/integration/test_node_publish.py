@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from gpu.node.cli import main as node_main
-from schemas.codec import decode_envelope, envelope_events
-from schemas.events import BlockRemoved, BlockStored
+from kvpipe.gpu.node.cli import main as node_main
+from kvpipe.schemas.codec import decode_envelope, envelope_events
+from kvpipe.schemas.events import BlockRemoved, BlockStored
 
 pytestmark = pytest.mark.integration
 

@@ -21,13 +21,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from processors.procrun import ProcessorProcess, free_port
+from kvpipe.bench.procrun import ProcessorProcess, free_port
 from tests.integration.processor_fixture import HeldBlocks, ProcessorTopics
-from producer.publisher import Publisher
-from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
-from schemas.envelope import HEADER_VERSION, SCHEMA_MAJOR, Envelope, GroupSpec
-from schemas.events import BlockRemoved, BlockStored
-from schemas.settings import load_settings
+from kvpipe.producer.publisher import Publisher
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import HEADER_VERSION, SCHEMA_MAJOR, Envelope, GroupSpec
+from kvpipe.schemas.events import BlockRemoved, BlockStored
+from kvpipe.schemas.settings import load_settings
 
 pytestmark = pytest.mark.integration
 

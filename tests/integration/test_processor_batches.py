@@ -19,14 +19,14 @@ import msgspec
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from processors.index import Index
-from processors.ingest import HEADER_SOURCE_OFFSET, HEADER_SOURCE_PARTITION, Ingest
-from processors.procrun import ProcessorProcess, free_port
-from processors.snapshot import decode_chunk, decode_manifest, export_partition, parse_key
-from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
-from schemas.events import BlockRemoved, BlockStored
-from schemas.settings import load_settings
+from kvpipe.processors.index import Index
+from kvpipe.processors.ingest import HEADER_SOURCE_OFFSET, HEADER_SOURCE_PARTITION, Ingest
+from kvpipe.bench.procrun import ProcessorProcess, free_port
+from kvpipe.processors.snapshot import decode_chunk, decode_manifest, export_partition, parse_key
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
+from kvpipe.schemas.events import BlockRemoved, BlockStored
+from kvpipe.schemas.settings import load_settings
 from tests.integration.kafka_reading import client_config
 from tests.integration.processor_fixture import ProcessorTopics
 

@@ -3,7 +3,7 @@
 Two `kvpipe processor` children with the same processor id and different web ports share an
 events topic of 4 partitions; nodes are spread over all of them. Each worker's index holds only
 its own partitions, yet `/route` and `/nodes` on either worker must give the full answer, equal
-to what the test computes (scatter-gather, `processors.scatter`). A worker that does not answer
+to what the test computes (scatter-gather, `kvpipe.processors.scatter`). A worker that does not answer
 in time makes the answer partial, naming its partitions, never an error; a killed worker's
 partitions move to the survivor, which restores them from snapshots and answers in full again.
 Tests run in file order and share one pair of workers.
@@ -19,15 +19,15 @@ import msgspec
 import pytest
 from confluent_kafka import Producer
 
-from gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
-from processors.procrun import ProcessorProcess, free_port
-from processors.router import openapi
-from processors.router.client import AsyncRouterClient, RouterClient
-from processors.router.model import RouteRequest
+from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
+from kvpipe.bench.procrun import ProcessorProcess, free_port
+from kvpipe.processors.router import openapi
+from kvpipe.processors.router.client import AsyncRouterClient, RouterClient
+from kvpipe.processors.router.model import RouteRequest
 from tests.integration.processor_fixture import HeldBlocks, ProcessorTopics
-from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
-from schemas.events import BlockRemoved, BlockStored
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
+from kvpipe.schemas.events import BlockRemoved, BlockStored
 
 pytestmark = pytest.mark.integration
 

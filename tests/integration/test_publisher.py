@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from producer.publisher import Publisher
+from kvpipe.producer.publisher import Publisher
 from tests.integration.kafka_reading import consume
-from schemas.codec import KAFKA_HEADERS, decode_envelope, encode_vllm_batch, envelope_events
-from schemas.envelope import Envelope, GroupSpec, HashConfig
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
-from schemas.settings import Settings, load_settings
+from kvpipe.schemas.codec import KAFKA_HEADERS, decode_envelope, encode_vllm_batch, envelope_events
+from kvpipe.schemas.envelope import Envelope, GroupSpec, HashConfig
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpipe.schemas.settings import Settings, load_settings
 
 pytestmark = pytest.mark.integration
 
@@ -167,7 +167,7 @@ def test_close_flushes_everything(kafka_bootstrap, unique_topic) -> None:
 
 def test_delivery_failure_is_counted_and_logged(kafka_bootstrap, caplog) -> None:
     missing = f"no-such-topic-{time.time_ns()}"  # the broker does not auto-create topics
-    caplog.set_level(logging.ERROR, logger="producer.publisher")
+    caplog.set_level(logging.ERROR, logger="kvpipe.producer.publisher")
     pub = Publisher(settings(), "node-h", topic=missing, producer_config={"message.timeout.ms": 1500})
     pub.publish(step(0))
     remaining = pub.flush(10)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from processors.analytics.report import PLOTS, build_report
-from processors.analytics.sink import AnalyticsSink
-from processors.analytics.workload import fill_store, serving_steps
-from processors.procrun import REPO
+from kvpipe.processors.analytics.report import PLOTS, build_report
+from kvpipe.processors.analytics.sink import AnalyticsSink
+from kvpipe.bench.workload import fill_store, serving_steps
+from kvpipe.bench.procrun import REPO
 
 pytestmark = pytest.mark.integration
 ARTIFACTS = Path(os.environ.get("KVPIPE_TEST_ARTIFACTS", REPO / "test-artifacts"))

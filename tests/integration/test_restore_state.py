@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from processors.analytics import restore_state
-from processors.analytics.derive import end_lifetimes, message_rows
-from processors.analytics.restores import RestoreTracker
-from processors.analytics.sink import AnalyticsSink
-from processors.analytics.workload import serving_steps
-from processors.index import Index
-from processors.ingest import Result
+from kvpipe.processors.analytics import restore_state
+from kvpipe.processors.analytics.derive import end_lifetimes, message_rows
+from kvpipe.processors.analytics.restores import RestoreTracker
+from kvpipe.processors.analytics.sink import AnalyticsSink
+from kvpipe.bench.workload import serving_steps
+from kvpipe.processors.index import Index
+from kvpipe.processors.ingest import Result
 
 pytestmark = pytest.mark.integration
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import clickhouse_connect
 import pytest
 
-from processors.analytics.bench_queries import fill
-from processors.analytics.migrations import apply_migrations
-from processors.analytics.query import AnalystQueries, QueryError, QueryLimits, SqlRequest, client_runner
-from processors.analytics.saved import list_queries
-from processors.analytics.sqlfunctions import ALLOWED_FUNCTIONS
+from kvpipe.bench.saved_queries import fill
+from kvpipe.processors.analytics.migrations import apply_migrations
+from kvpipe.processors.analytics.query import AnalystQueries, QueryError, QueryLimits, SqlRequest, client_runner
+from kvpipe.processors.analytics.saved import list_queries
+from kvpipe.processors.analytics.sqlfunctions import ALLOWED_FUNCTIONS
 from tests.unit.test_sqlguard import ATTACKS
 
 logging.getLogger("sqlglot").setLevel(logging.ERROR)

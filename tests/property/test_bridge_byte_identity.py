@@ -12,9 +12,9 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producer.bridge.forwarder import Forwarder
-from schemas.codec import LAYOUT_ARRAY, LAYOUT_MAP, decode_vllm_batch, encode_vllm_batch
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpipe.producer.bridge.forwarder import Forwarder
+from kvpipe.schemas.codec import LAYOUT_ARRAY, LAYOUT_MAP, decode_vllm_batch, encode_vllm_batch
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
 from tests.unit.bridge.fakes import ListDeadLetters, RecordingPublisher
 
 u64 = st.integers(0, 2**64 - 1)

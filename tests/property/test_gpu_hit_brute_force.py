@@ -15,8 +15,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu.hit import cdiv, longest_hybrid_hit
-from gpu.specs import FullAttention, KVSpec, Mamba, SlidingWindow
+from kvpipe.gpu.hit import cdiv, longest_hybrid_hit
+from kvpipe.gpu.specs import FullAttention, KVSpec, Mamba, SlidingWindow
 
 HASH_UNIT = 4
 

@@ -1,5 +1,5 @@
 """The native batch reader (native/src/batch.rs, `slots.parse_batch`) against the reference decoder
-(`schemas.codec.decode_vllm_batch`): on random batches, well-formed and broken (bytes flipped, cut,
+(`kvpipe.schemas.codec.decode_vllm_batch`): on random batches, well-formed and broken (bytes flipped, cut,
 appended; unknown fields, negative groups, nested extra keys, odd types), whatever the native
 reader accepts the reference reads to the same events, and whatever the reference refuses the
 native reader leaves to it. Then whole streams through `Ingest` with and without the native reader
@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors import slots
-from processors.index import Index
-from processors.ingest import Ingest
-from schemas.codec import KAFKA_HEADERS, DecodeError, decode_vllm_batch, encode_envelope, encode_vllm_batch
-from schemas.envelope import SCHEMA_MAJOR, Envelope
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpipe.processors import slots
+from kvpipe.processors.index import Index
+from kvpipe.processors.ingest import Ingest
+from kvpipe.schemas.codec import KAFKA_HEADERS, DecodeError, decode_vllm_batch, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 if not slots.batch_reader_available():
     if os.environ.get("KVPIPE_NATIVE") == "0":

@@ -1,8 +1,8 @@
-"""The native hit search (native/, `kvpipe_native`) equals the reference (`gpu.hit` through
+"""The native hit search (native/, `kvpipe_native`) equals the reference (`kvpipe.gpu.hit` through
 `route_hma.hybrid_hit`) on random layouts and random held sets: merged equal-spec groups, mixed
 block sizes, sliding windows, Mamba (align, and the refused modes), chunked local, partial hits at
 the hash unit, EAGLE, subsets of a node's groups, several nodes of different layouts in one call,
-and held positions past the lists. Errors (layouts `gpu.hit` refuses) must be equal too.
+and held positions past the lists. Errors (layouts `kvpipe.gpu.hit` refuses) must be equal too.
 """
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu.hit import default_alignment, partial_hits_enabled
-from gpu.layout import NodeLayout
-from gpu.specs import ChunkedLocal, CrossAttention, FullAttention, KVSpec, Mamba, SlidingWindow
-from processors.router import hits
-from processors.router.hits import HitSearch, Job
+from kvpipe.gpu.hit import default_alignment, partial_hits_enabled
+from kvpipe.gpu.layout import NodeLayout
+from kvpipe.gpu.specs import ChunkedLocal, CrossAttention, FullAttention, KVSpec, Mamba, SlidingWindow
+from kvpipe.processors.router import hits
+from kvpipe.processors.router.hits import HitSearch, Job
 
 if not hits.native_available():
     if os.environ.get("KVPIPE_NATIVE") == "0":

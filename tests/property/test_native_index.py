@@ -1,5 +1,5 @@
 """The index on the native block store (native/src/store.rs) equals the index on the dict reference
-(`processors.slots.PyStore`) on random envelope streams: stores and removes of int and bytes
+(`kvpipe.processors.slots.PyStore`) on random envelope streams: stores and removes of int and bytes
 hashes (with repeated copies, 64-bit collisions between the two forms, unknown removes), clears,
 several groups and media, new epochs, gaps, duplicates, stale epochs, real loss (resync), silence
 past the TTL, per-slot and per-node caps, dropped partitions, and snapshot round trips. Equal means:
@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors import slots
-from processors.index import Index
-from processors.route_hma import held_positions
-from processors.snapshot import decode_chunk, export_partition, import_chunks
-from schemas.envelope import SCHEMA_MAJOR, Envelope
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpipe.processors import slots
+from kvpipe.processors.index import Index
+from kvpipe.processors.route_hma import held_positions
+from kvpipe.processors.snapshot import decode_chunk, export_partition, import_chunks
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 if not slots.native_available():
     if os.environ.get("KVPIPE_NATIVE") == "0":

@@ -22,8 +22,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu.hit import cdiv, longest_hybrid_hit, partial_hits_enabled
-from gpu.specs import FullAttention, KVSpec, Mamba, SlidingWindow
+from kvpipe.gpu.hit import cdiv, longest_hybrid_hit, partial_hits_enabled
+from kvpipe.gpu.specs import FullAttention, KVSpec, Mamba, SlidingWindow
 
 A = 4
 
@@ -123,8 +123,8 @@ def test_partial_hit_is_the_longest_length_every_group_accepts(scenario) -> None
 @given(scenarios())
 def test_the_gpu_coordinator_agrees_with_the_brute_force(scenario) -> None:
     """The same scenarios through the GPU side's coordinator, its pool holding the entries."""
-    from gpu.block_pool import KVBlock
-    from gpu.coordinator import KVCacheCoordinator
+    from kvpipe.gpu.block_pool import KVBlock
+    from kvpipe.gpu.coordinator import KVCacheCoordinator
 
     specs, eagle, cached, num_units, max_length = scenario
     eagle_groups = {g for g, e in enumerate(eagle) if e}

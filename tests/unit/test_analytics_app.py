@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from processors.analytics.metrics import render
-from processors.analytics.query import QueryError, parse_sql_request
-from processors.procrun import REPO
+from kvpipe.processors.analytics.metrics import render
+from kvpipe.processors.analytics.query import QueryError, parse_sql_request
+from kvpipe.bench.procrun import REPO
 
-ROUTING_MODULES = ["processors.app", "processors.topics", "processors.state", "processors.agents",
-                   "processors.views", "processors.cli", "processors.api"]
+ROUTING_MODULES = ["kvpipe.processors.app", "kvpipe.processors.topics", "kvpipe.processors.state", "kvpipe.processors.agents",
+                   "kvpipe.processors.views", "kvpipe.processors.cli", "kvpipe.processors.api"]
 
 
 def test_the_routing_app_imports_no_clickhouse_code():
@@ -22,18 +22,18 @@ def test_the_routing_app_imports_no_clickhouse_code():
     code = ("import importlib, json, sys\n"
             f"for m in {ROUTING_MODULES!r}: importlib.import_module(m)\n"
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('clickhouse_connect', 'chdb', 'chdb_core', 'processors'))))")
+            "('clickhouse_connect', 'chdb', 'chdb_core', 'kvpipe'))))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
-    assert "processors.agents" in loaded and "processors.views" in loaded, "the routing app was really imported"
-    assert [m for m in loaded if not m.startswith("processors")] == [], "ClickHouse client code in the routing app"
-    assert not {"processors.analytics.sink", "processors.analytics.app", "processors.analytics.query"} & set(loaded)
+    assert "kvpipe.processors.agents" in loaded and "kvpipe.processors.views" in loaded, "the routing app was really imported"
+    assert [m for m in loaded if not m.startswith("kvpipe")] == [], "ClickHouse client code in the routing app"
+    assert not {"kvpipe.processors.analytics.sink", "kvpipe.processors.analytics.app", "kvpipe.processors.analytics.query"} & set(loaded)
 
 
 def test_the_analytics_app_does_not_import_the_routing_app():
-    code = ("import sys\nfrom processors.analytics import agents, views\n"
-            "print('processors.app' in sys.modules, 'processors.agents' in sys.modules)")
+    code = ("import sys\nfrom kvpipe.processors.analytics import agents, views\n"
+            "print('kvpipe.processors.app' in sys.modules, 'kvpipe.processors.agents' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "False"]

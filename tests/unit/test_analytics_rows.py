@@ -4,14 +4,14 @@ import hashlib
 import msgspec
 import pytest
 
-from processors.analytics.rows import (
+from kvpipe.processors.analytics.rows import (
     EVENT_COLUMNS, LIFETIME_COLUMNS, LifetimeRow, event_columns, event_rows, hash_to_u64, lifetime_columns,
     number_copies,
 )
-from processors.analytics.sqlguard import check_read_only, split_statements
-from schemas.codec import encode_vllm_batch
-from schemas.envelope import Envelope, GroupSpec
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpipe.processors.analytics.sqlguard import check_read_only, split_statements
+from kvpipe.schemas.codec import encode_vllm_batch
+from kvpipe.schemas.envelope import Envelope, GroupSpec
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 
 def _env(events, **kw) -> Envelope:
@@ -150,7 +150,7 @@ def test_column_fast_path_equals_the_row_reference():
     specs = [GroupSpec(group_idx=1, kind="sliding_window", block_size=16, sliding_window=64)]
     for env in (_env(events), _env(events, dp_rank=None, group_specs=specs)):
         for kinds in (None, {1: ("full_attention", 32), -1: ("x", 8)}):
-            from processors.analytics.rows import event_columns_of
+            from kvpipe.processors.analytics.rows import event_columns_of
 
             fast = event_columns_of(env, events, 3, 77, 99.5, kinds)
             assert fast.columns == event_columns(event_rows(env, events, 3, 77, 99.5, kinds))
@@ -162,10 +162,10 @@ def test_column_fast_path_equals_the_row_reference():
 
 def _ingested(envs: list[Envelope]):
     """Each envelope through the real decode + index path, with its message_rows."""
-    from processors.analytics.derive import message_rows
-    from processors.index import Index
-    from processors.ingest import Ingest
-    from schemas.codec import KAFKA_HEADERS, encode_envelope
+    from kvpipe.processors.analytics.derive import message_rows
+    from kvpipe.processors.index import Index
+    from kvpipe.processors.ingest import Ingest
+    from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope
 
     index = Index(ttl_s=None)
     ingest = Ingest(index, 1 << 20)
@@ -178,7 +178,7 @@ def _ingested(envs: list[Envelope]):
 
 
 def test_load_row_carries_the_report_and_none_for_what_it_left_out():
-    from processors.analytics.rows import LOAD_COLUMNS, load_columns, load_row
+    from kvpipe.processors.analytics.rows import LOAD_COLUMNS, load_columns, load_row
 
     assert load_row(_env([]), 0, 1) is None  # no load reported: no row
     row = load_row(_env([], running=3, waiting=0, kv_usage=0.25), 2, 40)
@@ -192,7 +192,7 @@ def test_load_row_carries_the_report_and_none_for_what_it_left_out():
 
 
 def test_load_a_column_cannot_hold_is_null_not_a_failed_insert():
-    from processors.analytics.rows import load_row
+    from kvpipe.processors.analytics.rows import load_row
 
     row = load_row(_env([], running=-1, waiting=2**40, kv_usage=float("nan")), 0, 1)
     assert (row.running, row.waiting, row.kv_usage) == (None, None, None)

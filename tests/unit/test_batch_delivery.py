@@ -12,12 +12,12 @@ import msgspec
 
 from faust.types import TP
 
-from processors.batchdelivery import BatchDrainConsumer, ack_offsets, holes
-from processors.index import Index
-from processors.ingest import DLQ, Ingest
-from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
-from schemas.events import BlockRemoved, BlockStored
+from kvpipe.processors.batchdelivery import BatchDrainConsumer, ack_offsets, holes
+from kvpipe.processors.index import Index
+from kvpipe.processors.ingest import DLQ, Ingest
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
+from kvpipe.schemas.events import BlockRemoved, BlockStored
 
 SPECS = [GroupSpec(group_idx=0, kind="full_attention", block_size=16)]
 

@@ -6,11 +6,11 @@ import random
 import msgspec
 import pytest
 
-from processors.analytics.restores import REASON_EPOCH_CHANGE, RestoreTracker, refine_reasons
-from processors.analytics.stackdist import StackDistance
-from processors.index import Index
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpipe.processors.analytics.restores import REASON_EPOCH_CHANGE, RestoreTracker, refine_reasons
+from kvpipe.processors.analytics.stackdist import StackDistance
+from kvpipe.processors.index import Index
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 SPECS = [GroupSpec(group_idx=0, kind="full_attention", block_size=16),
          GroupSpec(group_idx=1, kind="sliding_window", block_size=16, sliding_window=64)]
@@ -147,7 +147,7 @@ def test_a_new_epoch_ends_lifetimes_as_epoch_change_and_a_clear_as_cleared():
 
 
 def test_lifetimes_out_of_event_order_are_walked_in_event_order():
-    from processors.analytics.rows import LifetimeRow
+    from kvpipe.processors.analytics.rows import LifetimeRow
 
     tracker = RestoreTracker()
     st = lambda h: BlockStored(block_hashes=[h], parent_block_hash=None, token_ids=[], block_size=16,  # noqa: E731

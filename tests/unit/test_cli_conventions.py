@@ -16,10 +16,10 @@ from pathlib import Path
 import click
 import pytest
 
-from schemas import cliopts
+from kvpipe.schemas import cliopts
 from kvpipe.cli import main
-from schemas.envelope import GroupSpec
-from schemas.groupspec import GroupSpecError, format_groups, parse_groups
+from kvpipe.schemas.envelope import GroupSpec
+from kvpipe.schemas.groupspec import GroupSpecError, format_groups, parse_groups
 
 REPO = Path(__file__).resolve().parents[2]
 KAFKA = "--bootstrap-server"
@@ -97,8 +97,8 @@ def _environment_restored():
 
 def test_bootstrap_server_is_exported_for_settings_and_children(monkeypatch):
     monkeypatch.delenv("KVPIPE_KAFKA_BOOTSTRAP", raising=False)
-    from producer.bridge.cli import bridge
-    from schemas.settings import load_settings
+    from kvpipe.producer.bridge.cli import bridge
+    from kvpipe.schemas.settings import load_settings
 
     params = cliopts.parse(bridge, ["--zmq", "tcp://x:1", "--node-id", "n", KAFKA, "b1:9092,b2:9092"])
     assert cliopts.apply_bootstrap(params["bootstrap_server"]) == "b1:9092,b2:9092"
@@ -107,7 +107,7 @@ def test_bootstrap_server_is_exported_for_settings_and_children(monkeypatch):
 
 
 def test_the_bridge_bootstrap_flag_is_a_deprecated_alias(capsys):
-    from producer.bridge.cli import bridge
+    from kvpipe.producer.bridge.cli import bridge
 
     params = cliopts.parse(bridge, ["--zmq", "tcp://x:1", "--node-id", "n", "--bootstrap", "old:9092"])
     assert params["bootstrap_server"] == "old:9092"
@@ -198,10 +198,10 @@ def test_the_older_indexed_form_is_read_and_reported():
 
 
 def test_node_and_bridge_read_the_same_groups(capsys):
-    from gpu.node.cli import parse_groups as node_groups
-    from gpu.specs import FullAttention, SlidingWindow
-    from producer.bridge.cli import _warn_legacy_group
-    from producer.bridge.specs import parse_group_spec
+    from kvpipe.gpu.node.cli import parse_groups as node_groups
+    from kvpipe.gpu.specs import FullAttention, SlidingWindow
+    from kvpipe.producer.bridge.cli import _warn_legacy_group
+    from kvpipe.producer.bridge.specs import parse_group_spec
 
     assert node_groups("full_attention:16,swa:16:64") == (FullAttention(16), SlidingWindow(16, 64))
     assert capsys.readouterr().err == ""
@@ -214,7 +214,7 @@ def test_node_and_bridge_read_the_same_groups(capsys):
 
 
 def test_bridge_groups_flag_declares_the_specs(monkeypatch, capsys):
-    from producer.bridge import cli
+    from kvpipe.producer.bridge import cli
 
     seen: dict = {}
 
@@ -246,7 +246,7 @@ def test_store_errors_never_print_the_password():
 
 
 def test_redact_text_covers_quoted_urls():
-    from processors.analytics.query import redact_text
+    from kvpipe.processors.analytics.query import redact_text
 
     dsn = "https://bob:pw123@ch.example:8443/kv?password=pw123"
     text = f"cannot connect to {dsn} (https://bob:pw123@ch.example:8443)"
@@ -312,7 +312,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def test_one_http_helper(monkeypatch):
-    from processors.remote import HttpStatusError, get_json, ok_json, post_json
+    from kvpipe.processors.remote import HttpStatusError, get_json, ok_json, post_json
 
     monkeypatch.setenv("KVPIPE_API_TOKEN", "tok-123")
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -332,7 +332,7 @@ def test_one_http_helper(monkeypatch):
 
 
 def test_node_json_and_its_older_spelling(capsys):
-    from gpu.node.cli import main as node
+    from kvpipe.gpu.node.cli import main as node
 
     for flag in ("--json", "--summary-json"):
         assert node(["--steps", "3", "--no-publish", flag, "--layers", "1", "--gpu-blocks", "64",
@@ -350,7 +350,7 @@ def test_the_loglevel_spelling_warns_once_naming_the_replacement(capsys):
 
 
 def test_the_summary_json_spelling_warns_naming_the_replacement(capsys):
-    from gpu.node.cli import main as node
+    from kvpipe.gpu.node.cli import main as node
 
     argv = ["--steps", "2", "--no-publish", "--layers", "1", "--gpu-blocks", "64", "--cpu-chunks", "0"]
     assert node([*argv, "--summary-json"]) == 0

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.errors import InfraError
-from infra.kafka.cluster import node_configs, present_nodes
-from infra.kafka.config import BrokerConfig, server_properties
-from infra.topics import default_specs
-from schemas.settings import load_settings
+from kvpipe.infra.errors import InfraError
+from kvpipe.infra.kafka.cluster import node_configs, present_nodes
+from kvpipe.infra.kafka.config import BrokerConfig, server_properties
+from kvpipe.infra.topics import default_specs
+from kvpipe.schemas.settings import load_settings
 
 
 def props(cfg: BrokerConfig) -> dict[str, str]:

@@ -2,12 +2,12 @@
 import msgspec
 import pytest
 
-from schemas.codec import (
+from kvpipe.schemas.codec import (
     INVALID, NOT_MSGPACK, TOO_LARGE, UNKNOWN_VERSION, WRONG_SHAPE, DecodeError, KAFKA_HEADERS,
     check_headers, decode_envelope, decode_vllm_batch, encode_envelope, encode_vllm_batch, envelope_events,
 )
-from schemas.envelope import Envelope, GroupSpec
-from schemas.events import BlockRemoved
+from kvpipe.schemas.envelope import Envelope, GroupSpec
+from kvpipe.schemas.events import BlockRemoved
 
 
 def _env(**kw):

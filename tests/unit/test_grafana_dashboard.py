@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import json
 
-from processors.analytics.grafana import dashboard, grafana_sql
-from processors.analytics.saved import list_queries
-from processors.analytics.sqlguard import check_read_only
-from processors.procrun import REPO
+from kvpipe.processors.analytics.grafana import dashboard, grafana_sql
+from kvpipe.processors.analytics.saved import list_queries
+from kvpipe.processors.analytics.sqlguard import check_read_only
+from kvpipe.bench.procrun import REPO
 
 
 def test_committed_dashboard_is_the_generated_one():
     committed = json.loads((REPO / "infra/grafana/dashboards/kvpipe-capacity.json").read_text())
-    assert committed == dashboard(), "regenerate: python -m processors.analytics.grafana > infra/grafana/dashboards/kvpipe-capacity.json"
+    assert committed == dashboard(), "regenerate: python -m kvpipe.processors.analytics.grafana > infra/grafana/dashboards/kvpipe-capacity.json"
 
 
 def test_one_panel_per_saved_query_with_its_parameters_as_variables():

@@ -7,14 +7,14 @@ import asyncio
 import msgspec
 import pytest
 
-from processors.api import ApiError, node_rows, page_rows, parse_nodes_query
-from processors.httpbody import json_body, parse_json
-from processors.index import Index
-from processors.ingest import APPLIED, DLQ, HEADER_ORIGINAL_SIZE, HEADER_TRUNCATED, Ingest, dlq_record
-from processors.snapshot import decode_chunk, export_partition, import_chunks
-from schemas.codec import KAFKA_HEADERS, DecodeError, encode_envelope, encode_vllm_batch
-from schemas.envelope import SCHEMA_MAJOR, Envelope
-from schemas.events import BlockStored
+from kvpipe.processors.api import ApiError, node_rows, page_rows, parse_nodes_query
+from kvpipe.processors.httpbody import json_body, parse_json
+from kvpipe.processors.index import Index
+from kvpipe.processors.ingest import APPLIED, DLQ, HEADER_ORIGINAL_SIZE, HEADER_TRUNCATED, Ingest, dlq_record
+from kvpipe.processors.snapshot import decode_chunk, export_partition, import_chunks
+from kvpipe.schemas.codec import KAFKA_HEADERS, DecodeError, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
+from kvpipe.schemas.events import BlockStored
 
 TTL = 30.0
 

@@ -1,10 +1,10 @@
 """The live cache index, without Kafka: ordering, reference counts, lifetimes, liveness, the inverted view."""
 from __future__ import annotations
 
-from processors.index import APPLIED, DUPLICATE, STALE, Index, partial_fields
-from processors.route_hma import held_positions
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpipe.processors.index import APPLIED, DUPLICATE, STALE, Index, partial_fields
+from kvpipe.processors.route_hma import held_positions
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 SPECS = [GroupSpec(group_idx=0, kind="full_attention", block_size=16),
          GroupSpec(group_idx=1, kind="sliding_window", block_size=16, sliding_window=64)]

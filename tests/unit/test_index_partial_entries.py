@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import msgspec
 
-from processors.index import Index
-from schemas.codec import encode_vllm_batch, envelope_events
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
-from schemas.events import BlockRemoved, BlockStored
+from kvpipe.processors.index import Index
+from kvpipe.schemas.codec import encode_vllm_batch, envelope_events
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
+from kvpipe.schemas.events import BlockRemoved, BlockStored
 
 SPECS = [GroupSpec(group_idx=0, kind="mla_attention", block_size=64),
          GroupSpec(group_idx=1, kind="mamba", block_size=768, mamba_cache_mode="align")]

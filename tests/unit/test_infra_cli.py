@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.kafka.config import BrokerConfig, new_cluster_id, server_properties
-from processors.procrun import free_port
+from kvpipe.infra.kafka.config import BrokerConfig, new_cluster_id, server_properties
+from kvpipe.bench.procrun import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,11 +8,11 @@ import sys
 import msgspec
 import pytest
 
-from producer.inspect import main, msgpack_end
-from producer.sequencer import Sequencer
-from schemas.codec import encode_envelope, encode_vllm_batch
-from schemas.envelope import GroupSpec
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpipe.producer.inspect import main, msgpack_end
+from kvpipe.producer.sequencer import Sequencer
+from kvpipe.schemas.codec import encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import GroupSpec
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 EVENTS = [
     BlockStored([1, 2**63 + 5], None, list(range(32)), 16, None, "GPU", None,
@@ -79,7 +79,7 @@ def test_concatenated_envelopes_from_stdin_including_a_heartbeat(capsys, monkeyp
 
 
 def test_zmq_recording(capsys, tmp_path) -> None:
-    from producer.bridge.recording import open_recording, write_frame
+    from kvpipe.producer.bridge.recording import open_recording, write_frame
 
     payload = encode_vllm_batch(EVENTS, 1.5)
     with open_recording(tmp_path, "rank0") as fh:

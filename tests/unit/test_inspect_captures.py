@@ -4,10 +4,10 @@ from __future__ import annotations
 import json
 import struct
 
-from producer.bridge.recording import open_recording, write_frame
-from producer.inspect import main
-from schemas.codec import encode_vllm_batch
-from schemas.events import BlockRemoved, BlockStored
+from kvpipe.producer.bridge.recording import open_recording, write_frame
+from kvpipe.producer.inspect import main
+from kvpipe.schemas.codec import encode_vllm_batch
+from kvpipe.schemas.events import BlockRemoved, BlockStored
 
 
 def _batch(first_hash: int, ts: float) -> bytes:

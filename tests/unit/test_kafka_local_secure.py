@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import broker_config
-from infra.kafka.config import BrokerConfig, scram_credential, server_properties
-from schemas.settings import SettingsError, load_settings
+from kvpipe.infra.cli import broker_config
+from kvpipe.infra.kafka.config import BrokerConfig, scram_credential, server_properties
+from kvpipe.schemas.settings import SettingsError, load_settings
 
 
 def _props(text: str) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""processors.kafkaconf: Faust credentials per protocol (and what Faust hands aiokafka from them),
+"""kvpipe.processors.kafkaconf: Faust credentials per protocol (and what Faust hands aiokafka from them),
 and the OAUTHBEARER client-credentials token provider against a real local token endpoint."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-from processors.kafkaconf import aiokafka_kwargs, faust_broker_kwargs
-from schemas.settings import load_settings
+from kvpipe.processors.kafkaconf import aiokafka_kwargs, faust_broker_kwargs
+from kvpipe.schemas.settings import load_settings
 
 SASL = {"KVPIPE_KAFKA_SASL_USERNAME": "svc", "KVPIPE_KAFKA_SASL_PASSWORD": "pw"}
 

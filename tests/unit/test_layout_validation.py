@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpu.layout import layout_problem, node_layout
-from processors.index import Index
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
+from kvpipe.gpu.layout import layout_problem, node_layout
+from kvpipe.processors.index import Index
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
 
 FA = GroupSpec(group_idx=0, kind="full_attention", block_size=16)
 

@@ -2,11 +2,11 @@
 families are labelled (one per concept), names carry units, histograms and process metrics are there."""
 from prometheus_client.parser import text_string_to_metric_families
 
-from processors.analytics.metrics import render as render_analytics
-from processors.index import INDEX_COUNTERS
-from processors.metrics import ProcessorMetrics
-from producer.bridge.metrics import Counters, render
-from producer.bridge.specs import Mismatch
+from kvpipe.processors.analytics.metrics import render as render_analytics
+from kvpipe.processors.index import INDEX_COUNTERS
+from kvpipe.processors.metrics import ProcessorMetrics
+from kvpipe.producer.bridge.metrics import Counters, render
+from kvpipe.producer.bridge.specs import Mismatch
 
 
 def _stats() -> dict:

@@ -4,15 +4,15 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from processors.router.decide import route
-from processors.router.model import RouteError, RouteRequest, decode_request
-from processors.router.request import check_request
-from processors.index import Index
-from processors.ingest import DLQ, SKIPPED, Ingest
-from processors.snapshot import decode_chunk, export_partition, import_chunks
-from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
-from schemas.events import BlockStored
+from kvpipe.processors.router.decide import route
+from kvpipe.processors.router.model import RouteError, RouteRequest, decode_request
+from kvpipe.processors.router.request import check_request
+from kvpipe.processors.index import Index
+from kvpipe.processors.ingest import DLQ, SKIPPED, Ingest
+from kvpipe.processors.snapshot import decode_chunk, export_partition, import_chunks
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
+from kvpipe.schemas.events import BlockStored
 
 
 def stored(hashes, group=0, medium="GPU"):

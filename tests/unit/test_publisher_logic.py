@@ -1,11 +1,11 @@
-"""Envelope sequencing rules (producer.sequencer), without Kafka."""
+"""Envelope sequencing rules (kvpipe.producer.sequencer), without Kafka."""
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from producer.sequencer import Sequencer
-from schemas.envelope import GroupSpec, HashConfig
+from kvpipe.producer.sequencer import Sequencer
+from kvpipe.schemas.envelope import GroupSpec, HashConfig
 
 SPECS = [GroupSpec(0, "full_attention", 16), GroupSpec(1, "sliding_window", 16, sliding_window=128)]
 HASH = HashConfig(algorithm="sha256", hash_block_size=16)
@@ -121,7 +121,7 @@ def test_a_heartbeat_encodes_without_a_batch_key() -> None:
 
 
 def test_spec_mismatch_count_rides_on_every_later_envelope():
-    from producer.sequencer import Sequencer
+    from kvpipe.producer.sequencer import Sequencer
 
     seq = Sequencer("n", 1, model=None, dp_rank=0, source="vllm-bridge", specs_every_s=30.0,
                     group_specs=None, hash_config=None, dropped_base=0)

@@ -7,13 +7,13 @@ import pytest
 
 import msgspec
 
-from processors import routeapi, scatter
-from processors.api import ApiError
-from processors.index import Index
-from processors.router.inflight import InFlight
-from processors.router.model import RouteAnswer, RouteRequest, Scoring, decode_request
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
-from schemas.events import BlockStored
+from kvpipe.processors import routeapi, scatter
+from kvpipe.processors.api import ApiError
+from kvpipe.processors.index import Index
+from kvpipe.processors.router.inflight import InFlight
+from kvpipe.processors.router.model import RouteAnswer, RouteRequest, Scoring, decode_request
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
+from kvpipe.schemas.events import BlockStored
 
 
 def _stored(hashes, group=0, medium="GPU") -> BlockStored:

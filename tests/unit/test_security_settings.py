@@ -6,7 +6,7 @@ import ssl
 
 import pytest
 
-from schemas.settings import SettingsError, exposure_problem, is_loopback, load_settings
+from kvpipe.schemas.settings import SettingsError, exposure_problem, is_loopback, load_settings
 
 SASL_SSL = {"KVPIPE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KVPIPE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
             "KVPIPE_KAFKA_SASL_USERNAME": "svc", "KVPIPE_KAFKA_SASL_PASSWORD": "s3cret-pw",

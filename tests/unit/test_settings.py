@@ -1,7 +1,7 @@
 """Settings resolve defaults <- TOML file <- KVPIPE_* environment <- explicit overrides."""
 import pytest
 
-from schemas.settings import SettingsError, load_settings
+from kvpipe.schemas.settings import SettingsError, load_settings
 
 
 def test_defaults_work_locally_without_any_configuration(tmp_path, monkeypatch):

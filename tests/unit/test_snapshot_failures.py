@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from processors.durability import Durability
-from processors.index import Index
-from processors.ingest import Ingest
+from kvpipe.processors.durability import Durability
+from kvpipe.processors.index import Index
+from kvpipe.processors.ingest import Ingest
 
 
 class StuckTopic:

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from processors.analytics.query import (
+from kvpipe.processors.analytics.query import (
     QueryError,
     QueryLimits,
     check_params,
@@ -18,10 +18,10 @@ from processors.analytics.query import (
     parse_sql_request,
     redact_dsn,
 )
-from processors.analytics.saved import list_queries
-from processors.analytics.sqlfunctions import ALLOWED_FUNCTIONS
-from processors.analytics.sqlguard import SqlRefused, SqlSyntaxError, allowed_tables, check_sql, function_allowed
-from schemas.settings import load_settings
+from kvpipe.processors.analytics.saved import list_queries
+from kvpipe.processors.analytics.sqlfunctions import ALLOWED_FUNCTIONS
+from kvpipe.processors.analytics.sqlguard import SqlRefused, SqlSyntaxError, allowed_tables, check_sql, function_allowed
+from kvpipe.schemas.settings import load_settings
 
 logging.getLogger("sqlglot").setLevel(logging.ERROR)
 

@@ -1,4 +1,4 @@
-"""processors.webauth: the bearer-token middleware on a real aiohttp server, the bind rule, and
+"""kvpipe.processors.webauth: the bearer-token middleware on a real aiohttp server, the bind rule, and
 Faust's built-in pages switched off; the bridge's /metrics under the same rule."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from processors import webauth
-from producer.bridge.metrics import MetricsServer
-from schemas.settings import load_settings
+from kvpipe.processors import webauth
+from kvpipe.producer.bridge.metrics import MetricsServer
+from kvpipe.schemas.settings import load_settings
 
 
 def test_bearer_ok_wants_the_scheme_and_the_exact_token():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from producer.bridge.replay import Replayed, ReplayResult
-from schemas.codec import encode_vllm_batch
-from schemas.events import BlockStored
+from kvpipe.producer.bridge.replay import Replayed, ReplayResult
+from kvpipe.schemas.codec import encode_vllm_batch
+from kvpipe.schemas.events import BlockStored
 
 
 @dataclass

@@ -7,9 +7,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from producer.bridge.engine_load import EngineLoad, LoadScraper, parse_load
-from producer.bridge.cli import bridge
-from schemas.cliopts import parse
+from kvpipe.producer.bridge.engine_load import EngineLoad, LoadScraper, parse_load
+from kvpipe.producer.bridge.cli import bridge
+from kvpipe.schemas.cliopts import parse
 
 # The shape of vLLM's /metrics for two data-parallel engines (gauges per engine, plus noise)
 PAGE = """\

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from producer.bridge.forwarder import Forwarder
-from producer.bridge.specs import SpecTracker
-from schemas.envelope import GroupSpec
+from kvpipe.producer.bridge.forwarder import Forwarder
+from kvpipe.producer.bridge.specs import SpecTracker
+from kvpipe.schemas.envelope import GroupSpec
 
 from tests.unit.bridge.fakes import ListDeadLetters, RecordingPublisher, RingReplay, frames, payload
 

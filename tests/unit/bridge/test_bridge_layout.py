@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from producer.bridge.cli import main
-from producer.bridge.specs import SpecsError, SpecTracker, apply_options
-from schemas.envelope import GroupSpec, HashConfig
-from schemas.events import BlockStored
+from kvpipe.producer.bridge.cli import main
+from kvpipe.producer.bridge.specs import SpecsError, SpecTracker, apply_options
+from kvpipe.schemas.envelope import GroupSpec, HashConfig
+from kvpipe.schemas.events import BlockStored
 
 FA = GroupSpec(group_idx=0, kind="mla_attention", block_size=64)
 MAMBA = GroupSpec(group_idx=1, kind="mamba", block_size=768, mamba_cache_mode="align")

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from producer.bridge.specs import SpecsError, SpecTracker, load_specs_file, parse_group_spec
-from schemas.envelope import GroupSpec, HashConfig
-from schemas.events import BlockRemoved, BlockStored
+from kvpipe.producer.bridge.specs import SpecsError, SpecTracker, load_specs_file, parse_group_spec
+from kvpipe.schemas.envelope import GroupSpec, HashConfig
+from kvpipe.schemas.events import BlockRemoved, BlockStored
 
 
 def stored(group=0, kind="full_attention", window=None, block_size=16, h=1, medium="GPU"):

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from producer.bridge.recording import MAGIC, RecordingError, open_recording, read_raw, read_recording, write_frame
-from producer.bridge.replay import END_SEQ, parse_reply
-from producer.bridge.subscriber import MalformedFrames, bridge_binds, offset_endpoint, split_live_frames, vllm_binds
+from kvpipe.producer.bridge.recording import MAGIC, RecordingError, open_recording, read_raw, read_recording, write_frame
+from kvpipe.producer.bridge.replay import END_SEQ, parse_reply
+from kvpipe.producer.bridge.subscriber import MalformedFrames, bridge_binds, offset_endpoint, split_live_frames, vllm_binds
 
 
 @pytest.mark.parametrize("endpoint, rank, expected", [

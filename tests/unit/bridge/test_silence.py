@@ -6,9 +6,9 @@ import time
 
 import zmq
 
-from producer.bridge.runner import Bridge, BridgeConfig
-from producer.bridge.silence import SilenceWatch
-from producer.bridge.testing_publisher import free_port_range
+from kvpipe.producer.bridge.runner import Bridge, BridgeConfig
+from kvpipe.producer.bridge.silence import SilenceWatch
+from kvpipe.bench.testing_publisher import free_port_range
 
 
 def test_watch_warns_once_per_spell_and_not_before_the_limit():

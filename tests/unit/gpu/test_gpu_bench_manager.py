@@ -1,7 +1,7 @@
 """The manager benchmark runs end to end on a tiny workload and reports the bench contract."""
 from __future__ import annotations
 
-from gpu.bench_manager import run
+from kvpipe.bench.manager import run
 
 
 def test_tiny_run_reports_steps_per_second_against_the_events_off_baseline() -> None:

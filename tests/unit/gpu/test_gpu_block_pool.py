@@ -1,10 +1,10 @@
 """Block pool: LRU free order, lazy eviction with one BlockRemoved per hash, duplicates, reset."""
 from __future__ import annotations
 
-from gpu.hashing import BlockHasher, external_hash
-from gpu.kv_cache_manager import KVCacheManager
-from gpu.specs import FullAttention
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpipe.gpu.hashing import BlockHasher, external_hash
+from kvpipe.gpu.kv_cache_manager import KVCacheManager
+from kvpipe.gpu.specs import FullAttention
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 HASHER = BlockHasher("sha256", env={})
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpu.external_coordinator import ExternalCoordinator, validate_external_config
-from gpu.specs import CrossAttention, FullAttention, Mamba, SlidingWindow
+from kvpipe.gpu.external_coordinator import ExternalCoordinator, validate_external_config
+from kvpipe.gpu.specs import CrossAttention, FullAttention, Mamba, SlidingWindow
 
 H = [f"h{i}".encode() for i in range(8)]
 

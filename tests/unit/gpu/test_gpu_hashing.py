@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu.hashing import (
+from kvpipe.gpu.hashing import (
     DEFAULT_NONE_HASH_SEED,
     BlockHasher,
     LoRA,
@@ -135,8 +135,8 @@ def test_unknown_algorithm_is_rejected_with_the_available_ones() -> None:
 
 
 def test_a_published_hash_config_rebuilds_the_nodes_hasher_and_a_random_seed_cannot() -> None:
-    from gpu.hashing import hasher_from_config
-    from schemas.envelope import HashConfig
+    from kvpipe.gpu.hashing import hasher_from_config
+    from kvpipe.schemas.envelope import HashConfig
 
     node = BlockHasher("sha256_cbor", seed="1234")
     rebuilt = hasher_from_config(node.hash_config(16))

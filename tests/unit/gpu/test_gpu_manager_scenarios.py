@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpu.block_pool import BlockPool
-from gpu.hashing import BlockHasher, external_hash, group_key
-from gpu.kv_cache_manager import KVCacheManager
-from gpu.retention import reachable_block_mask
-from gpu.single_type_managers import SlidingWindowManager
-from gpu.specs import FullAttention, Mamba, SlidingWindow
-from schemas.events import BlockStored
+from kvpipe.gpu.block_pool import BlockPool
+from kvpipe.gpu.hashing import BlockHasher, external_hash, group_key
+from kvpipe.gpu.kv_cache_manager import KVCacheManager
+from kvpipe.gpu.retention import reachable_block_mask
+from kvpipe.gpu.single_type_managers import SlidingWindowManager
+from kvpipe.gpu.specs import FullAttention, Mamba, SlidingWindow
+from kvpipe.schemas.events import BlockStored
 
 HASHER = BlockHasher("sha256", env={})
 
@@ -191,7 +191,7 @@ def test_stored_events_carry_each_groups_kind() -> None:
 
 
 def test_lora_request_publishes_adapter_id_name_and_untagged_keys() -> None:
-    from gpu.hashing import LoRA, RequestKeys
+    from kvpipe.gpu.hashing import LoRA, RequestKeys
     m = KVCacheManager([FullAttention(4)], 10, hasher=HASHER)
     r = m.make_request("0", list(range(9)), RequestKeys(lora=LoRA("ad", "/x", 42)), session_id="s1")
     step(m, r, 9, first=True)

@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from gpu.node.cli import main, parse_groups
-from gpu.node.kv_compute import ModelShape
-from gpu.node.node import CaptureSink, Node, NodeConfig
-from gpu.node.workload import SyntheticConfig, SyntheticWorkload
-from gpu.specs import FullAttention, Mamba, SlidingWindow
-from schemas.groupspec import GroupSpecError
-from schemas.events import BlockStored
+from kvpipe.gpu.node.cli import main, parse_groups
+from kvpipe.gpu.node.kv_compute import ModelShape
+from kvpipe.gpu.node.node import CaptureSink, Node, NodeConfig
+from kvpipe.gpu.node.workload import SyntheticConfig, SyntheticWorkload
+from kvpipe.gpu.specs import FullAttention, Mamba, SlidingWindow
+from kvpipe.schemas.groupspec import GroupSpecError
+from kvpipe.schemas.events import BlockStored
 
 
 def test_groups_are_kind_block_size_and_window() -> None:

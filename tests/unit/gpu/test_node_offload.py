@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpu.hashing import hash_request_blocks
-from gpu.node.kv_compute import KVCompute, ModelShape
-from gpu.node.node import CaptureSink, Node, NodeConfig
-from gpu.node.workload import RequestSpec, TraceWorkload
-from gpu.specs import FullAttention, Mamba, SlidingWindow
+from kvpipe.gpu.hashing import hash_request_blocks
+from kvpipe.gpu.node.kv_compute import KVCompute, ModelShape
+from kvpipe.gpu.node.node import CaptureSink, Node, NodeConfig
+from kvpipe.gpu.node.workload import RequestSpec, TraceWorkload
+from kvpipe.gpu.specs import FullAttention, Mamba, SlidingWindow
 
 SMALL = ModelShape(layers_per_group=2, num_kv_heads=1, head_size=8)
 HYBRID = (FullAttention(16), SlidingWindow(16, 64), Mamba(16))

@@ -7,15 +7,15 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from gpu.cpu_tier import LookupResult, offload_key_group, offload_key_hash
-from gpu.hashing import external_hash, hash_request_blocks
-from gpu.hit import longest_hybrid_hit
-from gpu.node.kv_compute import ModelShape
-from gpu.node.node import CaptureSink, Node, NodeConfig
-from gpu.node.workload import SyntheticConfig, SyntheticWorkload
-from gpu.offload_lookup import OffloadGroup, chunk_keys
-from gpu.specs import FullAttention, Mamba, SlidingWindow
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpipe.gpu.cpu_tier import LookupResult, offload_key_group, offload_key_hash
+from kvpipe.gpu.hashing import external_hash, hash_request_blocks
+from kvpipe.gpu.hit import longest_hybrid_hit
+from kvpipe.gpu.node.kv_compute import ModelShape
+from kvpipe.gpu.node.node import CaptureSink, Node, NodeConfig
+from kvpipe.gpu.node.workload import SyntheticConfig, SyntheticWorkload
+from kvpipe.gpu.offload_lookup import OffloadGroup, chunk_keys
+from kvpipe.gpu.specs import FullAttention, Mamba, SlidingWindow
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 SMALL = ModelShape(layers_per_group=1, num_kv_heads=1, head_size=8)
 
@@ -137,7 +137,7 @@ def test_replay_reproduces_partial_hits_on_a_mamba_align_layout(specs, unit, ret
     if unit is not None:  # full attention coarser than the unit keys prompt tails too
         assert stats["partial_stores_group0"] > 10, stats
     # what it publishes about itself is a layout the router accepts, with the same hit alignment
-    from gpu.layout import layout_problem, node_layout
+    from kvpipe.gpu.layout import layout_problem, node_layout
 
     cfg = node.hash_config()
     assert cfg.prefix_match_unit == unit and layout_problem(node.group_specs(), cfg) is None

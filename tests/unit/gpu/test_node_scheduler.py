@@ -1,10 +1,10 @@
 """The node's scheduler: token budget, chunked prefill, decode, admission, preemption, rejection."""
 from __future__ import annotations
 
-from gpu.node.kv_compute import ModelShape
-from gpu.node.node import CaptureSink, Node, NodeConfig
-from gpu.node.workload import RequestSpec, SyntheticConfig, SyntheticWorkload, TraceWorkload
-from gpu.specs import FullAttention, Mamba, SlidingWindow
+from kvpipe.gpu.node.kv_compute import ModelShape
+from kvpipe.gpu.node.node import CaptureSink, Node, NodeConfig
+from kvpipe.gpu.node.workload import RequestSpec, SyntheticConfig, SyntheticWorkload, TraceWorkload
+from kvpipe.gpu.specs import FullAttention, Mamba, SlidingWindow
 
 SMALL = ModelShape(layers_per_group=1, num_kv_heads=1, head_size=8)
 HYBRID = (FullAttention(16), SlidingWindow(16, 64), Mamba(16))

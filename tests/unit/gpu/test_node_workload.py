@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from gpu.node.workload import SyntheticConfig, SyntheticWorkload, TraceWorkload, output_tokens
+from kvpipe.gpu.node.workload import SyntheticConfig, SyntheticWorkload, TraceWorkload, output_tokens
 
 
 def drive(workload: SyntheticWorkload, steps: int, finish_after: int = 3) -> list:

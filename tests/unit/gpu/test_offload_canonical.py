@@ -6,8 +6,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from gpu.canonical import canonicalize
-from gpu.kv_tensors import AttentionGeometry, KVLayout, MambaGeometry, allocate_kv_caches
+from kvpipe.gpu.canonical import canonicalize
+from kvpipe.gpu.kv_tensors import AttentionGeometry, KVLayout, MambaGeometry, allocate_kv_caches
 
 NUM_BLOCKS = 12
 FA = AttentionGeometry(num_layers=2, block_size=4, num_kv_heads=2, head_size=8)  # page 256 B in fp16

@@ -4,13 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu.canonical import canonicalize
-from gpu.cpu_policies import ARCPolicy
-from gpu.cpu_tier import CpuTier, LookupResult, ReqContext, make_offload_key, offload_key_group
-from gpu.kv_tensors import AttentionGeometry, allocate_kv_caches
-from gpu.offload import BlockMover, GroupTransfer, allocate_host_buffers
-from gpu.offload_checks import device_block_checksums
-from schemas.events import BlockRemoved, BlockStored
+from kvpipe.gpu.canonical import canonicalize
+from kvpipe.gpu.cpu_policies import ARCPolicy
+from kvpipe.gpu.cpu_tier import CpuTier, LookupResult, ReqContext, make_offload_key, offload_key_group
+from kvpipe.gpu.kv_tensors import AttentionGeometry, allocate_kv_caches
+from kvpipe.gpu.offload import BlockMover, GroupTransfer, allocate_host_buffers
+from kvpipe.gpu.offload_checks import device_block_checksums
+from kvpipe.schemas.events import BlockRemoved, BlockStored
 
 MISS, HIT, PENDING = LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu.canonical import canonicalize
-from gpu.kv_tensors import AttentionGeometry, KVLayout, MambaGeometry, allocate_kv_caches
-from gpu.offload import BlockMover, GroupTransfer, allocate_host_buffers
-from gpu.offload_checks import device_block_checksums, host_block_checksums
+from kvpipe.gpu.canonical import canonicalize
+from kvpipe.gpu.kv_tensors import AttentionGeometry, KVLayout, MambaGeometry, allocate_kv_caches
+from kvpipe.gpu.offload import BlockMover, GroupTransfer, allocate_host_buffers
+from kvpipe.gpu.offload_checks import device_block_checksums, host_block_checksums
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA device (run this file on a GPU machine)")
@@ -104,9 +104,9 @@ def test_scattered_chunks_go_through_the_deferred_host_scatter_byte_exact():
 
 
 def test_simulated_node_offloads_and_verifies_loads_on_cuda():
-    from gpu.node.cli import parse_groups
-    from gpu.node.node import CountingSink, Node, NodeConfig
-    from gpu.node.workload import SyntheticConfig, SyntheticWorkload
+    from kvpipe.gpu.node.cli import parse_groups
+    from kvpipe.gpu.node.node import CountingSink, Node, NodeConfig
+    from kvpipe.gpu.node.workload import SyntheticConfig, SyntheticWorkload
 
     config = NodeConfig(node_id="cuda-node", specs=parse_groups("full:16,sliding_window:16:64"),
                         gpu_blocks=96, cpu_chunks=512, device="cuda")

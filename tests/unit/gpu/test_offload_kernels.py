@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu.canonical import canonicalize
-from gpu.kv_tensors import AttentionGeometry, KVLayout, MambaGeometry, allocate_kv_caches, default_device
-from gpu.offload import BlockMover, GroupTransfer, allocate_host_buffers
-from gpu.offload_checks import device_block_checksums, host_block_checksums, row_checksums
+from kvpipe.gpu.canonical import canonicalize
+from kvpipe.gpu.kv_tensors import AttentionGeometry, KVLayout, MambaGeometry, allocate_kv_caches, default_device
+from kvpipe.gpu.offload import BlockMover, GroupTransfer, allocate_host_buffers
+from kvpipe.gpu.offload_checks import device_block_checksums, host_block_checksums, row_checksums
 
 NUM_BLOCKS = 40
 GROUPS = [

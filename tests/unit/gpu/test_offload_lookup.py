@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from gpu.cpu_tier import LookupResult, make_offload_key
-from gpu.offload_lookup import (
+from kvpipe.gpu.cpu_tier import LookupResult, make_offload_key
+from kvpipe.gpu.offload_lookup import (
     FULL,
     MAMBA,
     SLIDING,
@@ -19,7 +19,7 @@ from gpu.offload_lookup import (
     sliding_window_lookup,
     store_chunk_indices,
 )
-from gpu.specs import FullAttention, Mamba, SlidingWindow
+from kvpipe.gpu.specs import FullAttention, Mamba, SlidingWindow
 
 HIT, MISS, PENDING, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING, LookupResult.RETRY
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpu.hashing import external_hash
-from gpu.kv_cache_manager import KVCacheManager
-from gpu.specs import FullAttention, Mamba, SlidingWindow
-from schemas.events import BlockRemoved, BlockStored
+from kvpipe.gpu.hashing import external_hash
+from kvpipe.gpu.kv_cache_manager import KVCacheManager
+from kvpipe.gpu.specs import FullAttention, Mamba, SlidingWindow
+from kvpipe.schemas.events import BlockRemoved, BlockStored
 
 
 def brief(events) -> list[tuple]:
@@ -110,7 +110,7 @@ def test_eviction_removes_every_key_of_a_block() -> None:
 def test_external_pool_serves_the_partial_hit_or_clips_to_the_lcm() -> None:
     """The store-connector case of upstream's mooncake coordinator tests: a Mamba state inside a
     block gives a fine-grained hit of 48 where the lcm rule clips to 32."""
-    from gpu.external_coordinator import ExternalCoordinator
+    from kvpipe.gpu.external_coordinator import ExternalCoordinator
 
     specs = [FullAttention(16), Mamba(32)]
     h = [bytes([j]) * 8 for j in range(5)]  # unit 16: 80 tokens

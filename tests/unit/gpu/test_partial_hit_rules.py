@@ -1,11 +1,11 @@
-"""Fine-grained (partial) hits, explicit hash units and EAGLE margins in the pure rules (gpu.hit),
+"""Fine-grained (partial) hits, explicit hash units and EAGLE margins in the pure rules (kvpipe.gpu.hit),
 from vllm-semantics §2.5, §4.2-4.3 and the layouts of today's hybrid models."""
 from __future__ import annotations
 
 import pytest
 
-from gpu.hit import default_alignment, find_full, find_mamba, longest_hybrid_hit, partial_hits_enabled
-from gpu.specs import ChunkedLocal, FullAttention, Mamba, SlidingWindow, resolve_block_sizes
+from kvpipe.gpu.hit import default_alignment, find_full, find_mamba, longest_hybrid_hit, partial_hits_enabled
+from kvpipe.gpu.specs import ChunkedLocal, FullAttention, Mamba, SlidingWindow, resolve_block_sizes
 
 
 def fine(n: int) -> list[bytes]:

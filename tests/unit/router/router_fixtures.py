@@ -1,4 +1,4 @@
-"""Nodes with a known cache state, published into a real `processors.index.Index` as events.
+"""Nodes with a known cache state, published into a real `kvpipe.processors.index.Index` as events.
 
 A node here is its group specs, its hash configuration and, per (group, medium), the *positions*
 of the prompt's blocks it holds; `publish` turns positions into that group's real block hashes (the
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gpu.hashing import hash_request_blocks, hasher_from_config
-from gpu.hit import ViewCache
-from processors.index import Index
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
-from schemas.events import BlockStored, BlockRemoved
+from kvpipe.gpu.hashing import hash_request_blocks, hasher_from_config
+from kvpipe.gpu.hit import ViewCache
+from kvpipe.processors.index import Index
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
+from kvpipe.schemas.events import BlockStored, BlockRemoved
 
 FA16 = GroupSpec(group_idx=0, kind="full_attention", block_size=16)
 
@@ -50,7 +50,7 @@ def hash_config(name: str, hash_block_size: int) -> HashConfig:
 
 def group_lists(cfg: HashConfig, specs: Sequence[GroupSpec], tokens: Sequence[int]) -> dict[int, list]:
     fine = hash_request_blocks(hasher_from_config(cfg), tokens, cfg.hash_block_size)
-    from gpu.hashing import external_hash
+    from kvpipe.gpu.hashing import external_hash
 
     views = ViewCache([external_hash(d, cfg.int_hashes) for d in fine], cfg.hash_block_size)
     return {gs.group_idx: list(views.at(gs.block_size)) for gs in specs}

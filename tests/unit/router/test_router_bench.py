@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from processors.router.bench import run
+from kvpipe.bench.route import run
 
 
 def test_small_run_reports_hashing_and_search_separately_and_finds_hits():
@@ -22,9 +22,9 @@ def test_configs_beyond_the_known_ones_are_refused():
 
 def test_kvpipe_bench_route_is_registered_and_runs_in_process_without_a_broker():
     from kvpipe.bench import BENCHES
-    from processors.router.bench_http import run as bench_route
+    from kvpipe.bench.route_http import run as bench_route
 
-    assert BENCHES["route"][0] == "processors.router.bench_http:run"
+    assert BENCHES["route"][0] == "kvpipe.bench.route_http:run"
     out = bench_route(["--in-process-only", "--nodes", "4", "--requests", "5", "--documents", "2",
                        "--prompt-tokens", "128", "--per-node", "1"])
     assert out["bench"] == "route" and out["value"] == out["baseline"] > 0 and out["ratio"] == 1.0
@@ -32,7 +32,7 @@ def test_kvpipe_bench_route_is_registered_and_runs_in_process_without_a_broker()
 
 
 def test_kvpipe_route_reads_token_ids_as_a_json_list_or_whitespace_separated():
-    from processors.cli import read_tokens
+    from kvpipe.processors.cli import read_tokens
 
     assert read_tokens("[1, 2, 3]") == read_tokens("1 2\n3\n") == read_tokens("1,2, 3") == [1, 2, 3]
     for bad in ('["a"]', "[1.5]", "1 x", "[true]"):
@@ -41,8 +41,8 @@ def test_kvpipe_route_reads_token_ids_as_a_json_list_or_whitespace_separated():
 
 
 def test_both_engines_are_timed_on_the_same_requests_and_checked_equal():
-    from processors.router.bench_dynamo import load
-    from processors.router.hits import native_available
+    from kvpipe.bench.route_dynamo import load
+    from kvpipe.processors.router.hits import native_available
 
     out = run(nodes=8, requests=6, documents=3, prompt_tokens=256, per_node=2, seed=1)
     engines = ["native", "python"] if native_available() else ["python"]
@@ -57,11 +57,11 @@ def test_both_engines_are_timed_on_the_same_requests_and_checked_equal():
 
 
 def test_a_disagreement_between_the_engines_stops_the_bench(monkeypatch):
-    from processors.router import hits
+    from kvpipe.processors.router import hits
 
     if not hits.native_available():
         pytest.skip("one engine only: nothing to compare")
-    from processors.router import cohort, decide
+    from kvpipe.processors.router import cohort, decide
 
     real = cohort.cohort_hits
 

@@ -9,9 +9,9 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from processors.router.client import AsyncRouterClient, RouterClient
-from processors.router.model import FinishedReport, RouteError, RouteRequest, SentReport, decode_request
-from processors.router.openapi import ANSWER_EXAMPLE, encoded
+from kvpipe.processors.router.client import AsyncRouterClient, RouterClient
+from kvpipe.processors.router.model import FinishedReport, RouteError, RouteRequest, SentReport, decode_request
+from kvpipe.processors.router.openapi import ANSWER_EXAMPLE, encoded
 
 TOKEN = "s3cret-token"
 

@@ -1,6 +1,6 @@
 """Router v2's decision on a real index: token ids and hash lists agree, the default hit is vLLM's
 hybrid hit on the node's true cache state, mistakes are errors or no-signal reasons, load moves
-the choice as `processors.router.decide` says."""
+the choice as `kvpipe.processors.router.decide` says."""
 from __future__ import annotations
 
 import math
@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
-from gpu.hit import ViewCache, longest_hybrid_hit, partial_hits_enabled
-from gpu.specs import from_group_spec
-from processors.index import Index
-from processors.router.decide import route, score
-from processors.router.model import Load, RouteError, RouteRequest, Scoring
-from schemas.envelope import HashConfig
+from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
+from kvpipe.gpu.hit import ViewCache, longest_hybrid_hit, partial_hits_enabled
+from kvpipe.gpu.specs import from_group_spec
+from kvpipe.processors.index import Index
+from kvpipe.processors.router.decide import route, score
+from kvpipe.processors.router.model import Load, RouteError, RouteRequest, Scoring
+from kvpipe.schemas.envelope import HashConfig
 from tests.unit.router.router_fixtures import (
     LAYOUTS,
     Publisher,
@@ -318,7 +318,7 @@ def test_a_group_left_out_of_the_hash_lists_makes_the_row_partial():
 
 
 def test_cache_salt_and_lora_enter_the_token_id_hashes_as_vllm_keys_them():
-    from gpu.hashing import LoRA, RequestKeys
+    from kvpipe.gpu.hashing import LoRA, RequestKeys
 
     specs, hbs = LAYOUTS["fa"]
     cfg = hash_config("sha256-int", hbs)
@@ -345,7 +345,7 @@ def test_cache_salt_and_lora_enter_the_token_id_hashes_as_vllm_keys_them():
 
 
 def test_two_workers_answer_exactly_as_one_index_holding_every_node():
-    from processors.router.decide import finish, route_local
+    from kvpipe.processors.router.decide import finish, route_local
 
     specs, hbs = LAYOUTS["fa16+swa32"]
     rng = random.Random(5)
@@ -371,7 +371,7 @@ def test_two_workers_answer_exactly_as_one_index_holding_every_node():
 
 
 def test_hash_lists_that_fit_no_worker_are_a_400_but_fitting_one_worker_is_enough():
-    from processors.router.decide import finish, route_local
+    from kvpipe.processors.router.decide import finish, route_local
 
     cfg = hash_config("sha256-int", 16)
     tokens = list(range(64))

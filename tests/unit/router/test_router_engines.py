@@ -7,10 +7,11 @@ import random
 
 import pytest
 
-from processors.router import bench, decide
-from processors.router.hits import ENGINES, HitSearch
-from processors.router.inflight import InFlight
-from processors.router.model import PREFIX_PER_GROUP, RouteRequest
+from kvpipe.processors.router import decide
+from kvpipe.bench import route as bench
+from kvpipe.processors.router.hits import ENGINES, HitSearch
+from kvpipe.processors.router.inflight import InFlight
+from kvpipe.processors.router.model import PREFIX_PER_GROUP, RouteRequest
 
 
 

@@ -1,16 +1,16 @@
-"""The router's hit on today's hybrid layouts, partial entries and EAGLE (processors.router.decide and
-processors.route_hma), against the pure rules (gpu.hit) on the node's true cache state."""
+"""The router's hit on today's hybrid layouts, partial entries and EAGLE (kvpipe.processors.router.decide and
+kvpipe.processors.route_hma), against the pure rules (kvpipe.gpu.hit) on the node's true cache state."""
 from __future__ import annotations
 
 import random
 
-from gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
-from gpu.hit import longest_hybrid_hit
-from gpu.layout import node_layout
-from processors.index import Index
-from processors.router.decide import route
-from processors.router.model import RouteRequest
-from schemas.envelope import GroupSpec, HashConfig
+from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
+from kvpipe.gpu.hit import longest_hybrid_hit
+from kvpipe.gpu.layout import node_layout
+from kvpipe.processors.index import Index
+from kvpipe.processors.router.decide import route
+from kvpipe.processors.router.model import RouteRequest
+from kvpipe.schemas.envelope import GroupSpec, HashConfig
 from tests.unit.router.router_fixtures import Publisher, fa, mamba, stored, swa
 
 CFG16 = HashConfig(algorithm="sha256", hash_block_size=16)
@@ -178,7 +178,7 @@ LAYOUTS = {
 
 def test_router_equals_the_pure_rules_with_partial_entries_and_eagle() -> None:
     """Random holdings, block ends and partial entries (one hash unit, block_size = unit), through
-    the index and the token-id router: the hit equals gpu.hit's on the node's true holdings."""
+    the index and the token-id router: the hit equals kvpipe.gpu.hit's on the node's true holdings."""
     rng = random.Random(7)
     checked = partial_hits = 0
     for name, (specs, cfg) in LAYOUTS.items():

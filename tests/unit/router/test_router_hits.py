@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu.hit import longest_hybrid_hit
-from gpu.specs import FullAttention, KVSpec, Mamba, SlidingWindow
-from processors.index import Index
-from processors.router.decide import route
-from processors.router.model import RouteAnswer, RouteError, RouteRequest, decode_request
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
-from schemas.events import BlockStored
+from kvpipe.gpu.hit import longest_hybrid_hit
+from kvpipe.gpu.specs import FullAttention, KVSpec, Mamba, SlidingWindow
+from kvpipe.processors.index import Index
+from kvpipe.processors.router.decide import route
+from kvpipe.processors.router.model import RouteAnswer, RouteError, RouteRequest, decode_request
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
+from kvpipe.schemas.events import BlockStored
 
 H = list(range(100, 110))  # the request's 10 block hashes (every group at block size 4: one view)
 FA = GroupSpec(group_idx=0, kind="full_attention", block_size=4)
@@ -168,7 +168,7 @@ def test_bad_semantics_and_num_tokens_are_400s():
         assert exc.value.status == 400, body
 
 
-# -- the route's hit is gpu.hit's hit, over random holdings -------------------------------------------
+# -- the route's hit is kvpipe.gpu.hit's hit, over random holdings -------------------------------------------
 
 HASH_UNIT = 4
 SPEC_STRATEGY = st.one_of(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from processors.index import Index
-from processors.router.decide import route
-from processors.router.inflight import InFlight
-from processors.router.model import RouteRequest
-from schemas.events import AllBlocksCleared
+from kvpipe.processors.index import Index
+from kvpipe.processors.router.decide import route
+from kvpipe.processors.router.inflight import InFlight
+from kvpipe.processors.router.model import RouteRequest
+from kvpipe.schemas.events import AllBlocksCleared
 from tests.unit.router.router_fixtures import LAYOUTS, Publisher, group_lists, hash_config, removed, stored
 
 SPECS, HBS = LAYOUTS["fa16+swa32"]
@@ -107,7 +107,7 @@ def test_bad_bounds_are_refused():
 
 
 def test_a_sent_report_hashes_the_prompt_the_nodes_way_and_unknown_nodes_are_explained():
-    from processors.router.decide import record_sent
+    from kvpipe.processors.router.decide import record_sent
 
     index, _ = cluster()
     inflight = InFlight(ttl_s=10.0)

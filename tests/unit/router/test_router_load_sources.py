@@ -2,11 +2,11 @@
 through the publisher's sequencer (every envelope carries the latest report)."""
 from __future__ import annotations
 
-from gpu.node.kv_compute import ModelShape
-from gpu.node.node import CaptureSink, Node, NodeConfig
-from gpu.node.workload import SyntheticConfig, SyntheticWorkload
-from gpu.specs import FullAttention
-from producer.sequencer import Sequencer
+from kvpipe.gpu.node.kv_compute import ModelShape
+from kvpipe.gpu.node.node import CaptureSink, Node, NodeConfig
+from kvpipe.gpu.node.workload import SyntheticConfig, SyntheticWorkload
+from kvpipe.gpu.specs import FullAttention
+from kvpipe.producer.sequencer import Sequencer
 
 
 class LoadSink(CaptureSink):

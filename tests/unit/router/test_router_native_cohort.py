@@ -1,4 +1,4 @@
-"""The native cohort path (`processors.router.cohort`: one store call per cohort, rows only for nodes
+"""The native cohort path (`kvpipe.processors.router.cohort`: one store call per cohort, rows only for nodes
 holding blocks, nodes holding nothing ranked only when one could be chosen) answers exactly as the
 per-node path on the Python engine: seeded fleets with hybrid caches on GPU and CPU, loads (some
 nodes loaded enough that an empty node wins), suspect and stale nodes, `include_zero`, `top_k` and
@@ -9,9 +9,10 @@ import random
 
 import pytest
 
-from processors.router import bench, cohort, decide
-from processors.router.hits import HitSearch, native_available
-from processors.router.model import Load, RouteRequest, Scoring
+from kvpipe.processors.router import cohort, decide
+from kvpipe.bench import route as bench
+from kvpipe.processors.router.hits import HitSearch, native_available
+from kvpipe.processors.router.model import Load, RouteRequest, Scoring
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the native extension is not built")
 

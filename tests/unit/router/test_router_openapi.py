@@ -9,10 +9,10 @@ import pytest
 from openapi_spec_validator import validate
 from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
 
-from processors.index import Index
-from processors.router import model
-from processors.router.decide import route
-from processors.router.openapi import document, encoded
+from kvpipe.processors.index import Index
+from kvpipe.processors.router import model
+from kvpipe.processors.router.decide import route
+from kvpipe.processors.router.openapi import document, encoded
 
 
 def test_the_document_is_valid_openapi_3_1():

@@ -1,16 +1,16 @@
 """The router as the processor runs it: load from the nodes' envelopes (the index keeps the latest),
-in-flight accounting fed by the ingest path, and one worker's answer (`processors.routeapi`)."""
+in-flight accounting fed by the ingest path, and one worker's answer (`kvpipe.processors.routeapi`)."""
 from __future__ import annotations
 
 import msgspec
 
-from processors import routeapi
-from processors.index import Index
-from processors.ingest import Ingest
-from processors.router.inflight import InFlight
-from processors.router.model import Load, RouteRequest
-from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
-from schemas.envelope import SCHEMA_MAJOR, Envelope
+from kvpipe.processors import routeapi
+from kvpipe.processors.index import Index
+from kvpipe.processors.ingest import Ingest
+from kvpipe.processors.router.inflight import InFlight
+from kvpipe.processors.router.model import Load, RouteRequest
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
 from tests.unit.router.router_fixtures import LAYOUTS, group_lists, hash_config, stored
 
 SPECS, HBS = LAYOUTS["fa"]

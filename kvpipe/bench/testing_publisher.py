@@ -32,10 +32,10 @@ from itertools import count
 import zmq
 import zmq.utils.monitor
 
-from producer.bridge.subscriber import offset_endpoint, vllm_binds
-from schemas.codec import LAYOUT_MAP, encode_vllm_batch
-from schemas.envelope import KIND_SLIDING, GroupSpec
-from schemas.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, Event
+from kvpipe.producer.bridge.subscriber import offset_endpoint, vllm_binds
+from kvpipe.schemas.codec import LAYOUT_MAP, encode_vllm_batch
+from kvpipe.schemas.envelope import KIND_SLIDING, GroupSpec
+from kvpipe.schemas.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, Event
 
 END_SEQ = b"\xff" * 8
 

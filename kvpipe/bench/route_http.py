@@ -1,6 +1,6 @@
 """`kvpipe bench route`: the token-id route path in process and over HTTP, on one workload.
 
-In process (`processors.router.bench.run`): a real `Index` of the seeded fleet, `decide.route`
+In process (`kvpipe.bench.route.run`): a real `Index` of the seeded fleet, `decide.route`
 per request, hashing (token ids → every hash configuration's block hashes) timed apart from the
 hit search. Over HTTP: the same fleet published as envelopes to a fresh topic on the configured
 broker, a real `kvpipe processor` child consuming it, and the same requests sent one at a time by
@@ -21,9 +21,9 @@ from typing import Any
 
 import msgspec
 
-from processors.router import bench
-from processors.router.model import RouteRequest
-from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.bench import route as bench
+from kvpipe.processors.router.model import RouteRequest
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 
 
 def _publish(bootstrap: str, topic: str, partitions: int, envelopes: list, security: dict) -> dict[int, int]:
@@ -65,10 +65,10 @@ def _delete(bootstrap: str, names: list[str], security: dict) -> None:
 
 
 def _over_http(args: argparse.Namespace) -> dict[str, Any]:
-    from processors.bench import _security_env
-    from processors.procrun import ProcessorProcess, free_port
-    from processors.router.client import RouterClient
-    from schemas.settings import load_settings
+    from kvpipe.bench.ingest import _security_env
+    from kvpipe.bench.procrun import ProcessorProcess, free_port
+    from kvpipe.processors.router.client import RouterClient
+    from kvpipe.schemas.settings import load_settings
 
     settings = load_settings()
     bootstrap, security = settings.bootstrap(), settings.kafka_confluent_security()

@@ -21,11 +21,11 @@ from typing import Any
 import click
 import torch
 
-from gpu.canonical import canonicalize
-from gpu.kv_tensors import AttentionGeometry, KVLayout, allocate_kv_caches, default_device
-from gpu.offload import BlockMover, GroupTransfer, allocate_host_buffers
-from gpu.offload_checks import device_block_checksums, host_block_checksums
-from schemas.cliopts import Command, run as run_command
+from kvpipe.gpu.canonical import canonicalize
+from kvpipe.gpu.kv_tensors import AttentionGeometry, KVLayout, allocate_kv_caches, default_device
+from kvpipe.gpu.offload import BlockMover, GroupTransfer, allocate_host_buffers
+from kvpipe.gpu.offload_checks import device_block_checksums, host_block_checksums
+from kvpipe.schemas.cliopts import Command, run as run_command
 
 
 @click.command("offload", cls=Command, help=__doc__)

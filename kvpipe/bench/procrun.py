@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from processors.remote import ok_json, post_json
+from kvpipe.processors.remote import ok_json, post_json
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

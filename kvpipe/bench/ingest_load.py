@@ -1,4 +1,4 @@
-"""The workload of `kvpipe bench ingest` (processors.bench): envelopes a fleet of nodes would publish,
+"""The workload of `kvpipe bench ingest` (kvpipe.bench.ingest): envelopes a fleet of nodes would publish,
 and a publisher that sends them at a fixed rate while probes time publish → routable.
 
 Freshness is measured under load because that is where it matters: an idle processor answers in a
@@ -14,9 +14,9 @@ from typing import Any, Callable
 
 import msgspec
 
-from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
-from schemas.events import BlockRemoved, BlockStored
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
+from kvpipe.schemas.events import BlockRemoved, BlockStored
 
 SPECS = [GroupSpec(group_idx=0, kind="full_attention", block_size=16),
          GroupSpec(group_idx=1, kind="sliding_window", block_size=16, sliding_window=128)]

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import msgspec
 
-from processors.procrun import ProcessorProcess, free_port
-from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
-from schemas.envelope import SCHEMA_MAJOR, Envelope
-from schemas.events import BlockStored
-from schemas.settings import load_settings
+from kvpipe.bench.procrun import ProcessorProcess, free_port
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
+from kvpipe.schemas.events import BlockStored
+from kvpipe.schemas.settings import load_settings
 
 PROCESSOR_LIMIT = 1 << 20
 OVERSIZE = 2 << 20  # over the processor's limit, under the events topic's, over the broker's default

@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from schemas.events import BlockStored
+from kvpipe.schemas.events import BlockStored
 
 _U64 = (1 << 64) - 1
 MISSING = "ai-dynamo-runtime not installed (bench extra: pip install ai-dynamo-runtime==1.6.1)"

@@ -17,19 +17,19 @@ from typing import Any
 import click
 
 from kvpipe.cli import LazyGroup
-from schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, configure_logging, json_option, \
+from kvpipe.schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, configure_logging, json_option, \
     log_level_option
 
 BENCHES: dict[str, tuple[str, str]] = {
-    "producer": ("producer.bench:run", "publisher events/s vs raw confluent-kafka, publish() cost"),
-    "ingest": ("processors.bench:run", "index apply rate vs raw consumption, publish->route freshness"),
-    "analytics": ("processors.analytics.bench:run", "analytics app rows/s into chDB vs direct insert; routing freshness under SQL"),
-    "bridge": ("producer.bridge.bench:run", "ZMQ -> Kafka forwarding rate vs raw publish rate"),
-    "offload": ("gpu.bench_offload:run", "batched block copies GB/s vs one contiguous copy"),
-    "manager": ("gpu.bench_manager:run", "scheduler steps/s and events/s of the hybrid manager"),
-    "route": ("processors.router.bench_http:run", "token-id /route in process and over HTTP: hashing, search, p50/p99"),
-    "fuzz": ("processors.fuzz:run", "hostile inputs/s through ingest: outcomes by reason, crashes, RSS growth"),
-    "faults": ("kvpipe.faults:run", "broker outage, processor kill/pause, cluster leader kill: events lost, stalls"),
+    "producer": ("kvpipe.bench.producer:run", "publisher events/s vs raw confluent-kafka, publish() cost"),
+    "ingest": ("kvpipe.bench.ingest:run", "index apply rate vs raw consumption, publish->route freshness"),
+    "analytics": ("kvpipe.bench.analytics:run", "analytics app rows/s into chDB vs direct insert; routing freshness under SQL"),
+    "bridge": ("kvpipe.bench.bridge:run", "ZMQ -> Kafka forwarding rate vs raw publish rate"),
+    "offload": ("kvpipe.bench.offload:run", "batched block copies GB/s vs one contiguous copy"),
+    "manager": ("kvpipe.bench.manager:run", "scheduler steps/s and events/s of the hybrid manager"),
+    "route": ("kvpipe.bench.route_http:run", "token-id /route in process and over HTTP: hashing, search, p50/p99"),
+    "fuzz": ("kvpipe.bench.fuzz:run", "hostile inputs/s through ingest: outcomes by reason, crashes, RSS growth"),
+    "faults": ("kvpipe.bench.faults:run", "broker outage, processor kill/pause, cluster leader kill: events lost, stalls"),
 }
 
 # The benchmark's own flags pass through: unknown options and their values are kept, in order, for it;
@@ -95,7 +95,7 @@ def bench(ctx: click.Context) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from schemas.cliopts import run
+    from kvpipe.schemas.cliopts import run
 
     return int(run(bench, argv, "kvpipe bench"))
 

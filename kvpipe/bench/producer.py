@@ -21,13 +21,13 @@ from typing import Any
 import click
 import msgspec
 
-from producer.config import kafka_config
-from producer.publisher import Publisher
-from producer.sequencer import Sequencer
-from schemas.codec import KAFKA_HEADERS, encode_vllm_batch
-from schemas.events import BlockStored
-from schemas.cliopts import Command, run as run_command
-from schemas.settings import Settings, load_settings
+from kvpipe.producer.config import kafka_config
+from kvpipe.producer.publisher import Publisher
+from kvpipe.producer.sequencer import Sequencer
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_vllm_batch
+from kvpipe.schemas.events import BlockStored
+from kvpipe.schemas.cliopts import Command, run as run_command
+from kvpipe.schemas.settings import Settings, load_settings
 
 NODE = "bench-node"
 

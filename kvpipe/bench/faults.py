@@ -1,6 +1,6 @@
 """Fault probes with real processes: a broker outage, a processor SIGKILL, a processor SIGSTOP,
 the leader of the busiest partition of a 3-node cluster SIGKILLed. Each returns its figures and
-what was lost (kvpipe/faultload.py checks the index exactly against what the nodes published).
+what was lost (kvpipe/bench/faultload.py checks the index exactly against what the nodes published).
 
 tests/fault/ runs them small inside `make test`; `kvpipe bench faults --json` runs them large.
 The outage and leader-kill probes start brokers of their own (state under a temp dir, free
@@ -18,9 +18,9 @@ from typing import Any
 
 import click
 
-from kvpipe.faultload import Load, Progress, Rig, check_analytics, check_index, wait_analytics_written
-from processors.procrun import free_port
-from schemas.cliopts import Command, run as run_command
+from kvpipe.bench.faultload import Load, Progress, Rig, check_analytics, check_index, wait_analytics_written
+from kvpipe.bench.procrun import free_port
+from kvpipe.schemas.cliopts import Command, run as run_command
 
 
 def _lost(result: dict) -> int:
@@ -60,8 +60,8 @@ def _kill(pid: int) -> None:
 def outage(tmp: Path, outage_s: float = 5.0, before_s: float = 2.0, after_s: float = 3.0,
            nodes: int = 4, step_s: float = 0.005, heap: str = "256m") -> dict:
     """A broker of our own is SIGKILLed while nodes publish, restarted `outage_s` later."""
-    from infra.kafka.config import BrokerConfig
-    from infra.kafka.local import LocalKafka
+    from kvpipe.infra.kafka.config import BrokerConfig
+    from kvpipe.infra.kafka.local import LocalKafka
 
     kafka = LocalKafka(BrokerConfig(state_dir=tmp / "broker", port=free_port(), controller_port=free_port(), heap=heap))
     kafka.up()
@@ -163,8 +163,8 @@ def leader_kill(tmp: Path, before_s: float = 4.0, after_s: float = 6.0, nodes: i
     made no progress."""
     from confluent_kafka.admin import AdminClient
 
-    from infra.kafka.cluster import LocalCluster
-    from infra.kafka.config import BrokerConfig
+    from kvpipe.infra.kafka.cluster import LocalCluster
+    from kvpipe.infra.kafka.config import BrokerConfig
 
     base = free_port_run(6)
     cluster = LocalCluster(BrokerConfig(state_dir=tmp / "cluster", port=base, controller_port=base + 1, heap=heap), 3)
@@ -218,7 +218,7 @@ PROBES = ("outage", "kill", "pause", "leader")
 @click.option("--step-ms", type=float, default=5.0, show_default=True,
               help="each node publishes one step this often")
 def faults(only: str, outage_s: float, pause_s: float, seconds: float, nodes: int, step_ms: float) -> dict:
-    from schemas.settings import load_settings
+    from kvpipe.schemas.settings import load_settings
 
     chosen = {p.strip() for p in only.split(",") if p.strip()}
     if unknown := chosen - set(PROBES):

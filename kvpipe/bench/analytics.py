@@ -11,7 +11,7 @@ In one run, on a fresh topic pre-filled with N envelopes of E events each:
   new block and poll /route until it shows, p50/p99 over the probes — once with the analytics app
   idle, once while a client keeps a heavy query running on the analytics app's /sql;
 - optionally (`--queries-rows N`), saved-query latency on N rows
-  (`processors.analytics.bench_queries.saved_query_latency`, reported "missing" if absent);
+  (`kvpipe.bench.saved_queries.saved_query_latency`, reported "missing" if absent);
 - capacity: the re-store tracker (LRU stack distances, `restores.RestoreTracker`, what the capacity curve
   is computed from) over `--capacity-events` events of the demo-like workload (`workload.serving_steps`),
   timed apart from generating and applying them; the HTML report's generation time on a store filled
@@ -40,16 +40,16 @@ from pathlib import Path
 
 import msgspec
 
-from processors.analytics.rows import EVENT_COLUMNS, LIFETIME_COLUMNS, event_columns, event_rows, group_kinds_of, \
+from kvpipe.processors.analytics.rows import EVENT_COLUMNS, LIFETIME_COLUMNS, event_columns, event_rows, group_kinds_of, \
     lifetime_columns, number_copies
-from processors.bench import _create_topics, _delete_topics, _prefill, _raw_consume, make_envelopes
-from processors.index import APPLIED, Index
-from processors.ingest import Ingest
-from processors.procrun import ProcessorProcess, free_port
-from schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
-from schemas.envelope import SCHEMA_MAJOR, Envelope
-from schemas.events import BlockStored
-from schemas.settings import load_settings
+from kvpipe.bench.ingest import _create_topics, _delete_topics, _prefill, _raw_consume, make_envelopes
+from kvpipe.processors.index import APPLIED, Index
+from kvpipe.processors.ingest import Ingest
+from kvpipe.bench.procrun import ProcessorProcess, free_port
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
+from kvpipe.schemas.events import BlockStored
+from kvpipe.schemas.settings import load_settings
 
 # CPU-heavy but read-only and within the analyst limits: a hash over a bounded cross join of the
 # events table (the engine's max_execution_time ends it if it runs long; either way it loads the CPU).
@@ -79,7 +79,7 @@ def direct_insert(dsn: str, events: list, lifetimes: list, batch: int) -> float:
     """Seconds to insert these rows straight through clickhouse-connect (migrations excluded)."""
     import clickhouse_connect
 
-    from processors.analytics.migrations import apply_migrations
+    from kvpipe.processors.analytics.migrations import apply_migrations
 
     client = clickhouse_connect.get_client(dsn=dsn)
     try:
@@ -101,10 +101,10 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
     inserts in the sink's batch size. Seconds (migrations excluded) and re-store rows written."""
     import clickhouse_connect
 
-    from processors.analytics.derive import GC_THRESHOLDS, message_rows
-    from processors.analytics.migrations import apply_migrations
-    from processors.analytics.restores import RESTORE_COLUMNS, RestoreTracker, restore_columns
-    from processors.analytics.rows import LOAD_COLUMNS, EventColumns, load_columns
+    from kvpipe.processors.analytics.derive import GC_THRESHOLDS, message_rows
+    from kvpipe.processors.analytics.migrations import apply_migrations
+    from kvpipe.processors.analytics.restores import RESTORE_COLUMNS, RestoreTracker, restore_columns
+    from kvpipe.processors.analytics.rows import LOAD_COLUMNS, EventColumns, load_columns
 
     client = clickhouse_connect.get_client(dsn=dsn)
     thresholds = gc.get_threshold()
@@ -237,7 +237,7 @@ def queries_part(rows: int | None) -> dict | str | None:
     if not rows:
         return None
     try:
-        from processors.analytics.bench_queries import saved_query_latency
+        from kvpipe.bench.saved_queries import saved_query_latency
     except ImportError:
         return "missing"
     return saved_query_latency(rows)
@@ -245,11 +245,11 @@ def queries_part(rows: int | None) -> dict | str | None:
 
 def capacity_part(events: int, report_steps: int) -> dict:
     """Tracker time per event and block on the workload, and report generation time (see the module doc)."""
-    from processors.analytics.report import build_report
-    from processors.analytics.restore_state import query_state, restore_info
-    from processors.analytics.restores import RestoreTracker
-    from processors.analytics.sink import AnalyticsSink
-    from processors.analytics.workload import KINDS, fill_store, serving_steps
+    from kvpipe.processors.analytics.report import build_report
+    from kvpipe.processors.analytics.restore_state import query_state, restore_info
+    from kvpipe.processors.analytics.restores import RestoreTracker
+    from kvpipe.processors.analytics.sink import AnalyticsSink
+    from kvpipe.bench.workload import KINDS, fill_store, serving_steps
 
     index, tracker = Index(ttl_s=None), RestoreTracker()
     seen = blocks = 0
@@ -328,7 +328,7 @@ def run(argv: list[str]) -> dict:
                "KVPIPE_ANALYTICS_ID": f"bench-ana-{tag}", "KVPIPE_WEB_PORT": str(free_port()),
                "KVPIPE_ANALYTICS_WEB_PORT": str(free_port()), "KVPIPE_STATE_DIR": str(tmp / "state"),
                "KVPIPE_SNAPSHOT_EVERY_S": "3600", "KVPIPE_NODE_TTL_S": "36000",
-               # the child sees only the KVPIPE_* given here (processors/procrun.py), so pass on what
+               # the child sees only the KVPIPE_* given here (kvpipe/bench/procrun.py), so pass on what
                # the baselines were run with
                "KVPIPE_ANALYTICS_CAPACITY": str(settings.analytics_capacity).lower(),
                "KVPIPE_ANALYTICS_BATCH_ROWS": str(settings.analytics_batch_rows),

@@ -18,11 +18,11 @@ from typing import Any
 
 import click
 
-from gpu.hashing import BlockHasher
-from gpu.kv_cache_manager import KVCacheManager
-from gpu.request import Request
-from gpu.specs import FullAttention, Mamba, SlidingWindow
-from schemas.cliopts import Command, run as run_command
+from kvpipe.gpu.hashing import BlockHasher
+from kvpipe.gpu.kv_cache_manager import KVCacheManager
+from kvpipe.gpu.request import Request
+from kvpipe.gpu.specs import FullAttention, Mamba, SlidingWindow
+from kvpipe.schemas.cliopts import Command, run as run_command
 
 
 @dataclass

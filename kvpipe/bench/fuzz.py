@@ -21,13 +21,13 @@ from typing import Callable, Iterator
 
 import msgspec
 
-from processors.index import APPLIED, DUPLICATE, REFUSED, STALE, Index
-from processors.ingest import DLQ, Ingest
-from processors.slots import key_of
-from processors.snapshot import decode_chunk, export_partition, import_chunks
-from schemas.codec import ERROR_KINDS, KAFKA_HEADERS, encode_envelope, encode_vllm_batch
-from schemas.envelope import HEADER_CONTENT_TYPE, HEADER_VERSION, SCHEMA_MAJOR, Envelope, GroupSpec
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpipe.processors.index import APPLIED, DUPLICATE, REFUSED, STALE, Index
+from kvpipe.processors.ingest import DLQ, Ingest
+from kvpipe.processors.slots import key_of
+from kvpipe.processors.snapshot import decode_chunk, export_partition, import_chunks
+from kvpipe.schemas.codec import ERROR_KINDS, KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import HEADER_CONTENT_TYPE, HEADER_VERSION, SCHEMA_MAJOR, Envelope, GroupSpec
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 MAX_BYTES = 64 * 1024
 TTL_S = 30.0
@@ -353,7 +353,7 @@ def node_flood(ids: int, max_nodes: int = 100_000, page: int = 1000) -> dict:
     """Probe 4: `ids` node ids sending one heartbeat each (then one 2,000,000-hash store from one
     id) into an index with the default caps; what is tracked, refused, and what a page of
     `/nodes` and a snapshot of the partition cost."""
-    from processors.api import node_rows
+    from kvpipe.processors.api import node_rows
 
     rss0 = _rss_bytes()
     index = Index(ttl_s=TTL_S, retention_s=3600.0, max_nodes=max_nodes, max_blocks_per_slot=1_000_000,
@@ -396,7 +396,7 @@ def run(argv: list[str]) -> dict:
                         help="instead: this many 2 MiB messages through the local broker and a processor")
     args = parser.parse_args(argv)
     if args.oversize_live:
-        from processors.fuzz_live import oversize_live
+        from kvpipe.bench.fuzz_live import oversize_live
 
         return {"bench": "fuzz-oversize-live", "value": None, "unit": "", "baseline": None, "ratio": None,
                 **oversize_live(args.oversize_live)}

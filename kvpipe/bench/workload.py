@@ -20,11 +20,11 @@ from typing import Iterator
 
 import msgspec
 
-from processors.analytics.restores import RestoreTracker, refine_reasons
-from processors.analytics.rows import event_rows, load_row
-from processors.index import APPLIED, Index
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
-from schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from kvpipe.processors.analytics.restores import RestoreTracker, refine_reasons
+from kvpipe.processors.analytics.rows import event_rows, load_row
+from kvpipe.processors.index import APPLIED, Index
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 
 SPECS = [GroupSpec(group_idx=0, kind="full_attention", block_size=16),
          GroupSpec(group_idx=1, kind="sliding_window", block_size=16, sliding_window=64)]

@@ -1,5 +1,5 @@
 """In-process benchmark of the token-id route path (`kvpipe bench route` runs it next to the same
-workload over HTTP: `processors.router.bench_http`): a seeded fleet of nodes holding realistic
+workload over HTTP: `kvpipe.bench.route_http`): a seeded fleet of nodes holding realistic
 hybrid caches in a real `Index`, then requests timed end to end with the hashing cost (token ids →
 every configuration's block hashes) reported apart from the hit search.
 
@@ -8,10 +8,10 @@ as vLLM with default retention would: full-attention blocks over a random prefix
 group only the window's blocks at the end of that prefix, a random share of both offloaded to CPU.
 A request is a document cut at a random length plus a fresh suffix (a new user turn).
 
-Each request is routed on both hit search engines (`processors.router.hits`: native and the Python
+Each request is routed on both hit search engines (`kvpipe.processors.router.hits`: native and the Python
 reference), back to back with the order alternating, and the answers must be equal; with the bench
 extra `ai-dynamo-runtime` the same request's full-attention hashes are then looked up in Dynamo's
-RadixTree (`processors.router.bench_dynamo`).
+RadixTree (`kvpipe.bench.route_dynamo`).
 """
 from __future__ import annotations
 
@@ -22,22 +22,22 @@ import time
 import tracemalloc
 from typing import Any
 
-from gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
-from gpu.hit import ViewCache, sliding_blocks_needed
-from processors import slots
-from processors.index import Index
-from processors.router.bench_dynamo import MISSING as DYNAMO_MISSING
-from processors.router.bench_dynamo import build as build_dynamo
-from processors.router.bench_dynamo import find as find_dynamo
-from processors.router.bench_dynamo import load as load_dynamo
-from processors.router.cohort import cohort_hits
-from processors.router.decide import route, token_cohorts
-from processors.router.hashing import PromptHasher
-from processors.router.plan import plan
-from processors.router.hits import HitSearch, native_available
-from processors.router.model import RouteAnswer, RouteRequest
-from schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
-from schemas.events import BlockStored
+from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
+from kvpipe.gpu.hit import ViewCache, sliding_blocks_needed
+from kvpipe.processors import slots
+from kvpipe.processors.index import Index
+from kvpipe.bench.route_dynamo import MISSING as DYNAMO_MISSING
+from kvpipe.bench.route_dynamo import build as build_dynamo
+from kvpipe.bench.route_dynamo import find as find_dynamo
+from kvpipe.bench.route_dynamo import load as load_dynamo
+from kvpipe.processors.router.cohort import cohort_hits
+from kvpipe.processors.router.decide import route, token_cohorts
+from kvpipe.processors.router.hashing import PromptHasher
+from kvpipe.processors.router.plan import plan
+from kvpipe.processors.router.hits import HitSearch, native_available
+from kvpipe.processors.router.model import RouteAnswer, RouteRequest
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
+from kvpipe.schemas.events import BlockStored
 
 LAYOUT = [GroupSpec(group_idx=0, kind="full_attention", block_size=16),
           GroupSpec(group_idx=1, kind="sliding_window", block_size=32, sliding_window=1024)]

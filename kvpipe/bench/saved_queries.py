@@ -15,7 +15,7 @@ second (`kv_node_load`, 691,200 rows, whatever `rows` is). Rows arrive in severa
 partition; timing starts once background merges have stopped (`settle`), with the parts they left (FINAL still
 has work to do, as in a store that ingests continuously).
 
-Run: `python -c "from processors.analytics.bench_queries import main; main()" [rows]`; `main(["--fill", DSN, rows])`
+Run: `python -c "from kvpipe.bench.saved_queries import main; main()" [rows]`; `main(["--fill", DSN, rows])`
 keeps a filled store, `main(["--compare", DSN, "--rounds", N, FILE, ...])` times query files on it in turn (old SQL
 against new, back to back).
 """
@@ -31,9 +31,9 @@ from typing import Any
 
 import clickhouse_connect
 
-from processors.analytics.migrations import apply_migrations
-from processors.analytics.query import AnalystQueries, QueryLimits, SqlRequest, client_runner
-from processors.analytics.saved import SavedQuery, list_queries, load_query
+from kvpipe.processors.analytics.migrations import apply_migrations
+from kvpipe.processors.analytics.query import AnalystQueries, QueryLimits, SqlRequest, client_runner
+from kvpipe.processors.analytics.saved import SavedQuery, list_queries, load_query
 
 TARGET_S = 1.0
 BASE_TS = 1_767_225_600  # 2026-01-01 00:00:00 UTC
@@ -164,8 +164,8 @@ def settle(client: Any, timeout_s: float = 180.0) -> dict:
 def tracker_rebuild(client: Any) -> dict:
     """Seconds to rebuild the re-store tracker of every partition from this store (what a restarted worker owning
     them all runs on assignment: `restore_state`), split into the query and the rebuilding in Python."""
-    from processors.analytics.restore_state import build_slots, restore_info, STATE_SQL
-    from processors.analytics.restores import RestoreTracker
+    from kvpipe.processors.analytics.restore_state import build_slots, restore_info, STATE_SQL
+    from kvpipe.processors.analytics.restores import RestoreTracker
 
     ends = dict(client.query("SELECT kafka_partition, max(kafka_offset) FROM kv_events GROUP BY kafka_partition")
                 .result_rows)

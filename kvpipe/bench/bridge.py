@@ -20,11 +20,11 @@ from typing import Any
 import click
 import zmq
 
-from producer.bridge.testing_publisher import CacheSim, TestingPublisher
-from schemas.cliopts import Command, run as run_command
-from schemas.codec import encode_vllm_batch
-from schemas.envelope import GroupSpec
-from schemas.settings import load_settings
+from kvpipe.bench.testing_publisher import CacheSim, TestingPublisher
+from kvpipe.schemas.cliopts import Command, run as run_command
+from kvpipe.schemas.codec import encode_vllm_batch
+from kvpipe.schemas.envelope import GroupSpec
+from kvpipe.schemas.settings import load_settings
 
 GROUPS = [GroupSpec(0, "full_attention", 16), GroupSpec(1, "sliding_window", 16, sliding_window=1024)]
 
@@ -75,9 +75,9 @@ def _raw(conn: Connection, n: int) -> dict:
 
 
 def _bridged(conn: Connection, n: int, bootstrap: str | None, topic: str) -> dict:
-    from producer.bridge.dlq import KafkaDeadLetters
-    from producer.bridge.runner import Bridge, BridgeConfig
-    from producer.publisher import Publisher
+    from kvpipe.producer.bridge.dlq import KafkaDeadLetters
+    from kvpipe.producer.bridge.runner import Bridge, BridgeConfig
+    from kvpipe.producer.publisher import Publisher
 
     settings = load_settings(overrides={"kafka_bootstrap": bootstrap, "heartbeat_s": 3600.0})
     conn.send("serve")

@@ -1,4 +1,4 @@
-"""What the fault probes (kvpipe/faults.py) share: throw-away topics on some cluster, real
+"""What the fault probes (kvpipe/bench/faults.py) share: throw-away topics on some cluster, real
 `kvpipe processor` / `kvpipe analytics` child processes on them, simulated serving nodes that
 publish through the real Publisher while timing every `publish()` call, and an exact check of the
 index (and the analytics rows) against what the nodes published.
@@ -18,11 +18,11 @@ import time
 import uuid
 from pathlib import Path
 
-from processors.procrun import ProcessorProcess, free_port
-from producer.publisher import Publisher
-from schemas.envelope import GroupSpec
-from schemas.events import BlockRemoved, BlockStored
-from schemas.settings import load_settings
+from kvpipe.bench.procrun import ProcessorProcess, free_port
+from kvpipe.producer.publisher import Publisher
+from kvpipe.schemas.envelope import GroupSpec
+from kvpipe.schemas.events import BlockRemoved, BlockStored
+from kvpipe.schemas.settings import load_settings
 
 SPECS = [GroupSpec(group_idx=0, kind="full_attention", block_size=16)]
 HASH_SPAN = 10**9  # node i's hashes are i * HASH_SPAN + step: no two nodes share one
@@ -32,8 +32,8 @@ class Rig:
     """Unique topics on `bootstrap` (replicated `replication` times) and the apps' settings."""
 
     def __init__(self, bootstrap: str, tmp: Path, partitions: int = 2, replication: int = 1) -> None:
-        from infra.errors import InfraError
-        from infra.topics import default_specs, ensure_topics
+        from kvpipe.infra.errors import InfraError
+        from kvpipe.infra.topics import default_specs, ensure_topics
 
         self.bootstrap, self.tmp, self.partitions = bootstrap, tmp, partitions
         self.tag = uuid.uuid4().hex[:10]
@@ -94,7 +94,7 @@ class Rig:
             consumer.close()
 
     def close(self) -> None:
-        from infra.topics import delete_topics
+        from kvpipe.infra.topics import delete_topics
 
         for proc in self.processes:
             proc.kill()

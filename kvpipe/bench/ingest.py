@@ -6,7 +6,7 @@ delivery mode, so every mode starts from the same backlog):
 - pure path: `Ingest.handle` (check headers, decode, validate, `Index.apply`) over the same bytes,
   in this process, no Kafka;
 - agent, per delivery mode (`--delivery`, default `message,batch`: before and after batched
-  delivery, processors.batchdelivery): a real `kvpipe processor` child consuming its topic from
+  delivery, kvpipe.processors.batchdelivery): a real `kvpipe processor` child consuming its topic from
   offset 0, rate taken from its /stats counters between the first and the last sample that saw
   progress (startup excluded); its index must equal the pure path's;
 - freshness, per mode: publish one envelope with a new block and poll /route until it shows, one
@@ -25,24 +25,24 @@ import time
 import uuid
 from pathlib import Path
 
-from processors.benchload import EnvelopeSource, Probes, paced_freshness, summary
-from processors.index import Index
-from processors.ingest import Ingest
-from processors.procrun import ProcessorProcess, free_port
-from schemas.codec import KAFKA_HEADERS
-from schemas.settings import load_settings
+from kvpipe.bench.ingest_load import EnvelopeSource, Probes, paced_freshness, summary
+from kvpipe.processors.index import Index
+from kvpipe.processors.ingest import Ingest
+from kvpipe.bench.procrun import ProcessorProcess, free_port
+from kvpipe.schemas.codec import KAFKA_HEADERS
+from kvpipe.schemas.settings import load_settings
 
 DELIVERY_MODES = ("message", "batch")  # settings.processor_delivery
 
 
 def make_envelopes(n: int, events_per: int, nodes: int, seed_ts: float) -> list[tuple[bytes, bytes]]:
-    """`n` envelopes of `nodes` nodes (processors.benchload.EnvelopeSource)."""
+    """`n` envelopes of `nodes` nodes (kvpipe.bench.ingest_load.EnvelopeSource)."""
     return EnvelopeSource(events_per, nodes, seed_ts).take(n)
 
 
 def _security() -> dict:
     """TLS/SASL keyword arguments from the settings (docs/security.md): a secured cluster benches too."""
-    from processors.kafkaconf import aiokafka_kwargs
+    from kvpipe.processors.kafkaconf import aiokafka_kwargs
 
     return aiokafka_kwargs(load_settings())
 
