@@ -2,8 +2,8 @@
 
 Owns: the Kafka publisher (`publisher.Publisher`, confluent-kafka), envelope sequencing
 (`sequencer.Sequencer`: epoch, contiguous seq, drop accounting, when group specs travel), the
-`kvpipe inspect` decoder (`inspect`, with `frame_capture` for raw ZMQ frame captures), the producer
-benchmark, and the vLLM ZMQ bridge (subpackage `bridge`).
+`kvpipe inspect` decoder (`inspect`, with `frame_capture` for raw ZMQ frame captures), and the vLLM
+ZMQ bridge (subpackage `bridge`). The producer benchmark is `kvpipe.bench.producer`.
 May import: schemas, confluent-kafka, pyzmq (and the standard library).
 """
 

@@ -1,4 +1,9 @@
-"""`kvpipe bench <name> [--json] [options]`: dispatch to the benchmark owned by each package.
+"""`kvpipe bench <name> [--json] [options]`: dispatch to the benchmark drivers, this package's modules.
+
+They live here, not in the runtime packages they measure, with the helpers the tests share with them:
+`procrun` (a `kvpipe processor|analytics` child process), `testing_publisher` (a vLLM-like ZMQ
+publisher), `fuzz` (hostile inputs), `workload` (a synthetic analytics store) and the fault rig
+(`faults`, `faultload`).
 
 Contract for every benchmark function `run(argv) -> dict`: it measures the thing and a baseline in the
 same run and returns a dict with at least `bench`, `value`, `unit`, `baseline`, `ratio` (higher is

@@ -7,8 +7,8 @@ exactly-once semantics and read-only queries (`sink`), the numbered DDL migratio
 (`migrations`, files in infra/clickhouse/migrations), the read-only SQL guard (`sqlguard`), the saved
 capacity-planning queries (`saved`, files in infra/clickhouse/queries), re-stores and their LRU
 stack distances (`restores`, `stackdist`) behind the capacity curve (`plan`), the HTML report with
-matplotlib plots (`report`), the Grafana dashboard generator (`grafana`) and a demo-like workload
-(`workload`) for tests and benchmarks.
+matplotlib plots (`report`), the Grafana dashboard generator (`grafana`). The demo-like workload for
+tests and benchmarks is `kvpipe.bench.workload`.
 
 May import: schemas, clickhouse-connect (chDB through its `chdb://` DSN), msgspec, matplotlib
 (`report`, lazily), the standard library. It reads infra/clickhouse's SQL files by path, never imports infra code. The rest of

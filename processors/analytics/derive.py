@@ -1,6 +1,6 @@
 """The rows the analytics app submits for one ingested message: a plain function of the ingest
 result, the index and the re-store tracker, so the agent (`agents.submit`) and the benchmark's
-in-process baseline (`bench.pipeline_insert`) run the same code."""
+in-process baseline (`kvpipe.bench.analytics.pipeline_insert`) run the same code."""
 from __future__ import annotations
 
 from kvpipe.processors.analytics.restores import RestoreTracker, refine_reasons

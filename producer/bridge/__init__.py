@@ -11,5 +11,6 @@ Modules: `subscriber` (endpoints, SUB sockets, frame checks), `replay` (replay c
 `forwarder` (per-rank sequencing and forwarding, no sockets), `specs` (declared vs observed group
 specs), `dlq`, `metrics`, `recording` (raw frame captures), `silence` (the no-frames warning),
 `runner` (threads and lifecycle),
-`cli`, `testing_publisher` (a vLLM-like publisher for tests and the benchmark), `bench`.
+`cli`. The vLLM-like publisher for tests and the benchmark is `kvpipe.bench.testing_publisher`, the
+benchmark `kvpipe.bench.bridge`.
 """
