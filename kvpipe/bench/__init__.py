@@ -8,9 +8,10 @@ publisher), `fuzz` (hostile inputs), `workload` (a synthetic analytics store) an
 Contract for every benchmark function `run(argv) -> dict`: it measures the thing and a baseline in the
 same run and returns a dict with at least `bench`, `value`, `unit`, `baseline`, `ratio` (higher is
 better) plus details. This module prints it; with `--json` the last stdout line is that one object.
-A benchmark parses its own flags (click or argparse, its choice): `kvpipe bench <name>` takes out
-the flags every benchmark shares and hands it the rest, `--help` included, untouched. `run` may
-return an exit code instead of a dict (after printing its help, or a usage error).
+A benchmark parses its own flags with a click command (`kvpipe.schemas.cliopts.Command`, run by
+`cliopts.run`): `kvpipe bench <name>` takes out the flags every benchmark shares and hands it the
+rest, `--help` included, untouched. `run` may return an exit code instead of a dict (after printing
+its help, or a usage error: 2).
 """
 from __future__ import annotations
 

@@ -25,7 +25,6 @@ value = app rows/s; ratio = value / baseline (target >= 0.8); ratio_pipeline = v
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import json
@@ -37,7 +36,10 @@ import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import click
 import msgspec
 
 from kvpipe.processors.analytics.rows import EVENT_COLUMNS, LIFETIME_COLUMNS, event_columns, event_rows, group_kinds_of, \
@@ -46,6 +48,7 @@ from kvpipe.bench.ingest import _create_topics, _delete_topics, _prefill, _raw_c
 from kvpipe.processors.index import APPLIED, Index
 from kvpipe.processors.ingest import Ingest
 from kvpipe.bench.procrun import ProcessorProcess, free_port
+from kvpipe.schemas.cliopts import Command, run as run_command
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
 from kvpipe.schemas.events import BlockStored
@@ -283,19 +286,21 @@ def capacity_part(events: int, report_steps: int) -> dict:
             "tracker_rebuild_s": round(rebuild_s, 3), "tracker_rebuild": restore_info(state)}
 
 
-def run(argv: list[str]) -> dict:
-    parser = argparse.ArgumentParser(prog="kvpipe bench analytics")
-    parser.add_argument("--envelopes", type=int, default=20_000)
-    parser.add_argument("--events", type=int, default=25, help="events per envelope")
-    parser.add_argument("--nodes", type=int, default=32)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--probes", type=int, default=100, help="freshness probes per phase")
-    parser.add_argument("--queries-rows", type=int, default=0, help="also measure saved-query latency on N rows")
-    parser.add_argument("--capacity-events", type=int, default=2_000_000,
-                        help="events of the workload the re-store tracker is timed on (0: skip)")
-    parser.add_argument("--report-steps", type=int, default=20_000, help="workload steps in the report's store")
-    parser.add_argument("--capacity-only", action="store_true", help="only the capacity and report timings")
-    args = parser.parse_args(argv)
+@click.command("analytics", cls=Command, help=__doc__.split("\n\n")[0])
+@click.option("--envelopes", type=int, default=20_000, show_default=True, help="envelopes pre-filled on the topic")
+@click.option("--events", type=int, default=25, show_default=True, help="events per envelope")
+@click.option("--nodes", type=int, default=32, show_default=True, help="publishing nodes")
+@click.option("--partitions", type=int, default=4, show_default=True, help="partitions of the events topic")
+@click.option("--probes", type=int, default=100, show_default=True, help="freshness probes per phase")
+@click.option("--queries-rows", type=int, default=0, show_default=True,
+              help="also measure saved-query latency on N rows")
+@click.option("--capacity-events", type=int, default=2_000_000, show_default=True,
+              help="events of the workload the re-store tracker is timed on (0: skip)")
+@click.option("--report-steps", type=int, default=20_000, show_default=True,
+              help="workload steps in the report's store")
+@click.option("--capacity-only", is_flag=True, help="only the capacity and report timings")
+def analytics_bench(**params: Any) -> dict:
+    args = SimpleNamespace(**params)
     capacity = capacity_part(args.capacity_events, args.report_steps) if args.capacity_events else None
     if args.capacity_only:
         return {"bench": "analytics", "value": capacity and round(capacity["events"] / max(capacity["tracker_s"], 1e-9)),
@@ -376,6 +381,11 @@ def run(argv: list[str]) -> dict:
         "saved_query_latency": queries if queries is not None else "not requested (--queries-rows N)",
         "capacity": capacity,
     }
+
+
+def run(argv: list[str]) -> dict | int:
+    """`kvpipe bench analytics`: the result, or an exit code after help or a usage error."""
+    return run_command(analytics_bench, argv, "kvpipe bench analytics")
 
 
 def _ends(proc: ProcessorProcess) -> dict[int, int]:

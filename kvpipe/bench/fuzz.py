@@ -12,19 +12,21 @@ clock in between, as it does while a backlog is replayed).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import time
 from collections import Counter
-from typing import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any, Callable, Iterator
 
+import click
 import msgspec
 
 from kvpipe.processors.index import APPLIED, DUPLICATE, REFUSED, STALE, Index
 from kvpipe.processors.ingest import DLQ, Ingest
 from kvpipe.processors.slots import key_of
 from kvpipe.processors.snapshot import decode_chunk, export_partition, import_chunks
+from kvpipe.schemas.cliopts import Command, run as run_command
 from kvpipe.schemas.codec import ERROR_KINDS, KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import HEADER_CONTENT_TYPE, HEADER_VERSION, SCHEMA_MAJOR, Envelope, GroupSpec
 from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -385,16 +387,16 @@ def node_flood(ids: int, max_nodes: int = 100_000, page: int = 1000) -> dict:
             "nodes_after_retention": len(index.nodes), "forgotten_nodes": index.counters["forgotten_nodes"]}
 
 
-def run(argv: list[str]) -> dict:
-    """`kvpipe bench fuzz [--inputs N] [--seed S] [--node-flood IDS]`: hostile inputs through the
-    pure ingest path (and, with --node-flood, probe 4's node-id flood)."""
-    parser = argparse.ArgumentParser(prog="kvpipe bench fuzz")
-    parser.add_argument("--inputs", type=int, default=100_000)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--node-flood", type=int, default=0, help="flood this many node ids instead (e.g. 302000)")
-    parser.add_argument("--oversize-live", type=int, default=0,
-                        help="instead: this many 2 MiB messages through the local broker and a processor")
-    args = parser.parse_args(argv)
+@click.command("fuzz", cls=Command, help="Hostile inputs through the pure ingest path (and, with --node-flood, "
+                                          "probe 4's node-id flood; RELIABILITY.md).")
+@click.option("--inputs", type=int, default=100_000, show_default=True, help="generated inputs, hostile and good")
+@click.option("--seed", type=int, default=1, show_default=True, help="generator seed")
+@click.option("--node-flood", type=int, default=0, show_default=True,
+              help="flood this many node ids instead (e.g. 302000)")
+@click.option("--oversize-live", type=int, default=0, show_default=True,
+              help="instead: this many 2 MiB messages through the local broker and a processor")
+def fuzz_bench(**params: Any) -> dict[str, Any]:
+    args = SimpleNamespace(**params)
     if args.oversize_live:
         from kvpipe.bench.fuzz_live import oversize_live
 
@@ -417,3 +419,8 @@ def run(argv: list[str]) -> dict:
             "dlq_by_reason": report.dlq_by_reason, "by_label": report.by_label,
             "rss_growth_mb": round((rss_after - rss_before) / 1e6, 1),
             "index_counters": report.index_counters}
+
+
+def run(argv: list[str]) -> dict[str, Any] | int:
+    """`kvpipe bench fuzz`: the result, or an exit code after help or a usage error."""
+    return run_command(fuzz_bench, argv, "kvpipe bench fuzz")

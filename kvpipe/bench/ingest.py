@@ -17,18 +17,22 @@ value = the last mode's agent block events/s; ratio = value / baseline.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import tempfile
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import click
 
 from kvpipe.bench.ingest_load import EnvelopeSource, Probes, paced_freshness, summary
 from kvpipe.processors.index import Index
 from kvpipe.processors.ingest import Ingest
 from kvpipe.bench.procrun import ProcessorProcess, free_port
+from kvpipe.schemas.cliopts import Command, run as run_command
 from kvpipe.schemas.codec import KAFKA_HEADERS
 from kvpipe.schemas.settings import load_settings
 
@@ -197,23 +201,31 @@ def _end_offsets(proc: ProcessorProcess) -> dict[int, int]:
     return {int(p): f["offset"] + 1 + (f["behind"] or 0) for p, f in fresh.items()}
 
 
-def run(argv: list[str]) -> dict:
-    parser = argparse.ArgumentParser(prog="kvpipe bench ingest")
-    parser.add_argument("--envelopes", type=int, default=60_000, help="backlog the agent rate is taken over")
-    parser.add_argument("--events", type=int, default=25, help="events per envelope")
-    parser.add_argument("--nodes", type=int, default=32)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--delivery", default=",".join(DELIVERY_MODES),
-                        help="processor_delivery modes to run, in order; value and ratio are the last one's")
-    parser.add_argument("--probes", type=int, default=50, help="idle freshness probes per mode")
-    parser.add_argument("--paced-rate", type=float, default=100_000, help="block events/s published while probing")
-    parser.add_argument("--paced-s", type=float, default=10.0, help="seconds of paced publishing per mode")
-    parser.add_argument("--probe-every-ms", type=float, default=20.0, help="one paced probe per this many ms")
-    parser.add_argument("--keep-topics", action="store_true")
-    args = parser.parse_args(argv)
-    modes = [m.strip() for m in args.delivery.split(",") if m.strip()]
+def _delivery_modes(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
+    """`--delivery` as the list of modes, in order; a usage error names the known ones."""
+    modes = [m.strip() for m in value.split(",") if m.strip()]
     if not modes or any(m not in DELIVERY_MODES for m in modes):
-        parser.error(f"--delivery: a comma-separated list of {', '.join(DELIVERY_MODES)}; got {args.delivery!r}")
+        raise click.BadParameter(f"a comma-separated list of {', '.join(DELIVERY_MODES)}; got {value!r}")
+    return modes
+
+
+@click.command("ingest", cls=Command, help=__doc__.split("\n\n")[0])
+@click.option("--envelopes", type=int, default=60_000, show_default=True, help="backlog the agent rate is taken over")
+@click.option("--events", type=int, default=25, show_default=True, help="events per envelope")
+@click.option("--nodes", type=int, default=32, show_default=True, help="publishing nodes")
+@click.option("--partitions", type=int, default=4, show_default=True, help="partitions of the events topic")
+@click.option("--delivery", default=",".join(DELIVERY_MODES), show_default=True, callback=_delivery_modes,
+              help="processor_delivery modes to run, in order; value and ratio are the last one's")
+@click.option("--probes", type=int, default=50, show_default=True, help="idle freshness probes per mode")
+@click.option("--paced-rate", type=float, default=100_000, show_default=True,
+              help="block events/s published while probing")
+@click.option("--paced-s", type=float, default=10.0, show_default=True, help="seconds of paced publishing per mode")
+@click.option("--probe-every-ms", type=float, default=20.0, show_default=True,
+              help="one paced probe per this many ms")
+@click.option("--keep-topics", is_flag=True, help="leave the bench topics on the broker")
+def ingest_bench(**params: Any) -> dict:
+    args = SimpleNamespace(**params)
+    modes: list[str] = args.delivery
     settings = load_settings()
     bootstrap = settings.bootstrap()
     tag = uuid.uuid4().hex[:8]
@@ -269,6 +281,11 @@ def run(argv: list[str]) -> dict:
         out["batch_over_message"] = round(results["batch"]["agent_events_per_s"] /
                                           results["message"]["agent_events_per_s"], 2)
     return out
+
+
+def run(argv: list[str]) -> dict | int:
+    """`kvpipe bench ingest`: the result, or an exit code after help or a usage error."""
+    return run_command(ingest_bench, argv, "kvpipe bench ingest")
 
 
 def _restore_vs_rebuild(proc: ProcessorProcess, end: dict[int, int]) -> dict:

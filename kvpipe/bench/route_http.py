@@ -10,19 +10,21 @@ rate (sequential requests/s), `baseline` the in-process rate, `ratio` their quot
 """
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import tempfile
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import click
 import msgspec
 
 from kvpipe.bench import route as bench
 from kvpipe.processors.router.model import RouteRequest
+from kvpipe.schemas.cliopts import Command, run as run_command
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 
 
@@ -64,7 +66,7 @@ def _delete(bootstrap: str, names: list[str], security: dict) -> None:
             pass
 
 
-def _over_http(args: argparse.Namespace) -> dict[str, Any]:
+def _over_http(args: SimpleNamespace) -> dict[str, Any]:
     from kvpipe.bench.ingest import _security_env
     from kvpipe.bench.procrun import ProcessorProcess, free_port
     from kvpipe.processors.router.client import RouterClient
@@ -112,22 +114,23 @@ def _over_http(args: argparse.Namespace) -> dict[str, Any]:
             "routes_per_s": round(len(wall) / sum(wall), 1)}
 
 
-def run(argv: list[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="kvpipe bench route", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=256)
-    parser.add_argument("--requests", type=int, default=300)
-    parser.add_argument("--warmup", type=int, default=20, help="HTTP requests sent before timing")
-    parser.add_argument("--documents", type=int, default=64, help="shared prompts the nodes cache parts of")
-    parser.add_argument("--prompt-tokens", type=int, default=2048)
-    parser.add_argument("--per-node", type=int, default=8, help="documents each node caches")
-    parser.add_argument("--configs", type=int, default=1, choices=(1, 2), help="distinct hash configurations")
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-dynamo", action="store_true",
-                        help="skip Dynamo's RadixTree baseline even when ai-dynamo-runtime is installed")
-    parser.add_argument("--in-process-only", action="store_true", help="skip the HTTP part (no broker needed)")
-    parser.add_argument("--keep-topics", action="store_true")
-    args = parser.parse_args(argv)
+@click.command("route", cls=Command, help=__doc__.split("\n\n")[0])
+@click.option("--nodes", type=int, default=256, show_default=True, help="serving nodes of the fleet")
+@click.option("--requests", type=int, default=300, show_default=True, help="timed route requests")
+@click.option("--warmup", type=int, default=20, show_default=True, help="HTTP requests sent before timing")
+@click.option("--documents", type=int, default=64, show_default=True, help="shared prompts the nodes cache parts of")
+@click.option("--prompt-tokens", type=int, default=2048, show_default=True, help="tokens of each document")
+@click.option("--per-node", type=int, default=8, show_default=True, help="documents each node caches")
+@click.option("--configs", type=click.IntRange(1, 2), default=1, show_default=True,
+              help="distinct hash configurations")
+@click.option("--partitions", type=int, default=4, show_default=True, help="partitions of the events topic")
+@click.option("--seed", type=int, default=0, show_default=True, help="workload seed")
+@click.option("--no-dynamo", is_flag=True,
+              help="skip Dynamo's RadixTree baseline even when ai-dynamo-runtime is installed")
+@click.option("--in-process-only", is_flag=True, help="skip the HTTP part (no broker needed)")
+@click.option("--keep-topics", is_flag=True, help="leave the bench topics on the broker")
+def route_bench(**params: Any) -> dict[str, Any]:
+    args = SimpleNamespace(**params)
     local = bench.run(nodes=args.nodes, requests=args.requests, documents=args.documents,
                       prompt_tokens=args.prompt_tokens, per_node=args.per_node, configs=args.configs, seed=args.seed,
                       dynamo=not args.no_dynamo)
@@ -138,3 +141,8 @@ def run(argv: list[str]) -> dict[str, Any]:
         return {**out, "value": round(local_rate, 1), "ratio": 1.0}
     http = _over_http(args)
     return {**out, "value": http["routes_per_s"], "ratio": round(http["routes_per_s"] / local_rate, 4), "http": http}
+
+
+def run(argv: list[str]) -> dict[str, Any] | int:
+    """`kvpipe bench route`: the result, or an exit code after help or a usage error."""
+    return run_command(route_bench, argv, "kvpipe bench route")

@@ -77,6 +77,61 @@ def test_bench_hands_help_to_the_benchmark(capsys):
     assert "unknown probes" in capsys.readouterr().err
 
 
+# benchmark → flags BENCHMARKS.md and RELIABILITY.md run it with (its help must list them)
+BENCH_FLAGS = {
+    "ingest": ["--envelopes", "--events", "--nodes", "--partitions", "--delivery", "--probes", "--paced-rate",
+               "--paced-s", "--probe-every-ms", "--keep-topics"],
+    "analytics": ["--envelopes", "--events", "--nodes", "--partitions", "--probes", "--queries-rows",
+                  "--capacity-events", "--report-steps", "--capacity-only"],
+    "route": ["--nodes", "--requests", "--warmup", "--documents", "--prompt-tokens", "--per-node", "--configs",
+              "--partitions", "--seed", "--no-dynamo", "--in-process-only", "--keep-topics"],
+    "fuzz": ["--inputs", "--seed", "--node-flood", "--oversize-live"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(BENCH_FLAGS))
+def test_each_benchmark_lists_its_flags_and_refuses_unknown_ones_with_2(name, capsys):
+    assert main(["bench", name, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert f"kvpipe bench {name}" in out
+    for flag in BENCH_FLAGS[name]:
+        assert re.search(re.escape(flag) + r"(?![\w-])", out), (name, flag)
+    assert main(["bench", name, "--no-such-flag"]) == 2  # refused before anything is measured
+    assert "No such option: --no-such-flag" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["route", "--configs", "3"], "--configs"),  # one or two hash configurations
+    (["ingest", "--delivery", "message,stream"], "a comma-separated list of message, batch; got 'message,stream'"),
+    (["analytics", "--envelopes", "many"], "--envelopes"),
+])
+def test_benchmark_values_out_of_range_are_usage_errors(argv, message, capsys):
+    assert main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_ingest_delivery_is_the_list_of_modes_in_order():
+    from kvpipe.bench.ingest import ingest_bench
+
+    assert cliopts.parse(ingest_bench, [])["delivery"] == ["message", "batch"]
+    assert cliopts.parse(ingest_bench, ["--delivery", " batch , message"])["delivery"] == ["batch", "message"]
+
+
+def test_bench_fuzz_runs_from_the_command_line_and_prints_one_json_object(capsys):
+    assert main(["bench", "fuzz", "--inputs", "300", "--seed", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["bench"] == "fuzz" and result["inputs"] == 300 and result["crashes"] == 0
+    assert result["value"] > 0 and result["baseline"] > 0
+
+
+def test_kvpipe_code_parses_flags_with_click_only():
+    from kvpipe import FOLDERS
+
+    users = [str(path.relative_to(REPO)) for folder in ("kvpipe", *FOLDERS) for path in (REPO / folder).rglob("*.py")
+             if re.search(r"^\s*(import argparse|from argparse import)", path.read_text(), re.M)]
+    assert users == []
+
+
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("kvpipe ")
