@@ -126,10 +126,28 @@ pub fn route_cohort(
         HashMap::with_capacity_and_hasher(members.len(), RandomState::default());
     by_owner.extend(members.iter().enumerate().map(|(i, m)| (m.owner, i)));
     let mut touched: Vec<Option<Box<Touch>>> = (0..members.len()).map(|_| None).collect();
+    // per slot id, its member (resolved on first sight): a slot is met once per position it holds
+    const UNSEEN: u32 = u32::MAX;
+    const NOT_MEMBER: u32 = u32::MAX - 1;
+    let mut member_of: Vec<u32> = vec![UNSEEN; store.slot_capacity()];
+    let mut meta_of: Vec<crate::store::SlotMeta> = vec![Default::default(); store.slot_capacity()];
     for (k, (group, keys)) in lists.iter().enumerate() {
         store.for_each_held(*group, keys, |sid, i| {
-            let Some(meta) = store.meta(sid) else { return };
-            let Some(&m) = by_owner.get(&meta.owner) else { return };
+            let Some(seen) = member_of.get_mut(sid as usize) else { return };
+            if *seen == UNSEEN {
+                *seen = match store.meta(sid) {
+                    Some(meta) => {
+                        meta_of[sid as usize] = meta;
+                        by_owner.get(&meta.owner).map_or(NOT_MEMBER, |&m| m as u32)
+                    }
+                    None => NOT_MEMBER,
+                };
+            }
+            if *seen == NOT_MEMBER {
+                return;
+            }
+            let m = *seen as usize;
+            let meta = meta_of[sid as usize];
             let t = touched[m].get_or_insert_with(|| {
                 Box::new(Touch {
                     any: words.iter().map(|&n| vec![0; n]).collect(),

@@ -413,6 +413,11 @@ impl Store {
         }
     }
 
+    /// Slot ids are below this.
+    pub fn slot_capacity(&self) -> usize {
+        self.slots.len()
+    }
+
     /// The owner and medium of a live slot (None for a closed one).
     #[inline]
     pub fn meta(&self, id: u32) -> Option<SlotMeta> {
