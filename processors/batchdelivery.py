@@ -116,18 +116,9 @@ class BatchDrainConsumer(fastpath.FastDrainConsumer):
                         except Exception as exc:
                             self.log.warning("seek after a fetch while the flow was stopped failed: %r", exc)
                 self.diag.unset_flag(CONSUMER_FETCHING)
-        except self.consumer_stopped_errors:
-            if self.transport.app.should_stop:
-                self.log.info("Broker stopped consumer, shutting down...")
+        except BaseException as exc:
+            if fastpath.drain_stopped(self, exc):
                 return
-            raise
-        except asyncio.CancelledError:
-            if self.transport.app.should_stop:
-                self.log.info("Consumer shutting down for user cancel.")
-                return
-            raise
-        except Exception as exc:
-            self.log.exception("Drain messages raised: %r", exc)
             raise
         finally:
             self.diag.unset_flag(CONSUMER_FETCHING)

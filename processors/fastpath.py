@@ -100,21 +100,28 @@ class FastDrainConsumer(faust_aiokafka.Consumer):
                                 await self.wait_first(callback(message), suspend_flow.wait())
                             set_read_offset(tp, offset)
                     self.diag.unset_flag(CONSUMER_FETCHING)
-        except self.consumer_stopped_errors:
-            if self.transport.app.should_stop:
-                self.log.info("Broker stopped consumer, shutting down...")
+        except BaseException as exc:
+            if drain_stopped(self, exc):
                 return
-            raise
-        except asyncio.CancelledError:
-            if self.transport.app.should_stop:
-                self.log.info("Consumer shutting down for user cancel.")
-                return
-            raise
-        except Exception as exc:
-            self.log.exception("Drain messages raised: %r", exc)
             raise
         finally:
             self.diag.unset_flag(CONSUMER_FETCHING)
+
+
+def drain_stopped(consumer: Any, exc: BaseException) -> bool:
+    """How a drain loop ends, as Faust 0.15.3's `_drain_messages` ends: True (return quietly) when
+    the app is stopping and the consumer was stopped or the loop cancelled; otherwise the exception
+    propagates, logged unless it is one of those two."""
+    stopped = isinstance(exc, tuple(consumer.consumer_stopped_errors))
+    if stopped or isinstance(exc, asyncio.CancelledError):
+        if consumer.transport.app.should_stop:
+            consumer.log.info("Broker stopped consumer, shutting down..." if stopped
+                              else "Consumer shutting down for user cancel.")
+            return True
+        return False
+    if isinstance(exc, Exception):
+        consumer.log.exception("Drain messages raised: %r", exc)
+    return False
 
 
 class QuietMonitor(Monitor):

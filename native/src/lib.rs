@@ -261,13 +261,23 @@ impl IndexStore {
 
     /// Store `hashes` at `ts` (cap: blocks per slot, None for none). Returns (kept, refused).
     #[pyo3(signature = (slot, hashes, ts, cap=None))]
-    fn store(&mut self, slot: u32, hashes: &Bound<'_, PyAny>, ts: f64, cap: Option<usize>) -> PyResult<(usize, usize)> {
+    fn store(
+        &mut self,
+        slot: u32,
+        hashes: &Bound<'_, PyAny>,
+        ts: f64,
+        cap: Option<usize>,
+    ) -> PyResult<(usize, usize)> {
         let keys = keys_of(hashes)?;
         self.inner.store(slot, &keys, ts, cap).map_err(err)
     }
 
     /// Remove one copy of each hash. Returns (removed, unknown, ended keys, their store times).
-    fn remove(&mut self, slot: u32, hashes: &Bound<'_, PyAny>) -> PyResult<(usize, usize, Vec<u64>, Vec<f64>)> {
+    fn remove(
+        &mut self,
+        slot: u32,
+        hashes: &Bound<'_, PyAny>,
+    ) -> PyResult<(usize, usize, Vec<u64>, Vec<f64>)> {
         let keys = keys_of(hashes)?;
         let r = self.inner.remove(slot, &keys).map_err(err)?;
         Ok((r.removed, r.unknown, r.keys, r.ts))
@@ -278,7 +288,13 @@ impl IndexStore {
         self.inner.close(slot).map_err(err)
     }
 
-    fn load(&mut self, slot: u32, keys: &Bound<'_, PyAny>, ts: Vec<f64>, extra: Vec<(u64, u32)>) -> PyResult<()> {
+    fn load(
+        &mut self,
+        slot: u32,
+        keys: &Bound<'_, PyAny>,
+        ts: Vec<f64>,
+        extra: Vec<(u64, u32)>,
+    ) -> PyResult<()> {
         let keys = keys_of(keys)?;
         self.inner.load(slot, &keys, &ts, &extra).map_err(err)
     }
@@ -310,7 +326,11 @@ impl IndexStore {
 
     /// Per slot holding any of the request's blocks, the set of positions it holds: `lists` is
     /// `[(group, hashes)]`, one lookup per (group, hash).
-    fn held<'py>(&self, py: Python<'py>, lists: Vec<(u64, Bound<'py, PyAny>)>) -> PyResult<Vec<(u32, Bound<'py, PySet>)>> {
+    fn held<'py>(
+        &self,
+        py: Python<'py>,
+        lists: Vec<(u64, Bound<'py, PyAny>)>,
+    ) -> PyResult<Vec<(u32, Bound<'py, PySet>)>> {
         let mut by_slot: Vec<(u32, Vec<usize>)> = Vec::new();
         let mut at: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
         for (group, hashes) in lists {
@@ -367,9 +387,17 @@ impl IndexStore {
                 break;
             }
             let group = ev.getattr(a_group)?;
-            let group = if group.is_none() { zero.clone().into_any() } else { group };
+            let group = if group.is_none() {
+                zero.clone().into_any()
+            } else {
+                group
+            };
             let medium = ev.getattr(a_medium)?;
-            let medium = if medium.is_none() { gpu.clone().into_any() } else { medium };
+            let medium = if medium.is_none() {
+                gpu.clone().into_any()
+            } else {
+                medium
+            };
             let key = pyo3::types::PyTuple::new(py, [group, medium])?;
             let Some(slot) = slots.get_item(key)? else {
                 break;
@@ -412,7 +440,10 @@ impl IndexStore {
             if ev.kind == batch::CLEARED {
                 break;
             }
-            let sid = match known.iter().find(|(g, m, _)| *g == ev.group && *m == ev.medium) {
+            let sid = match known
+                .iter()
+                .find(|(g, m, _)| *g == ev.group && *m == ev.medium)
+            {
                 Some(&(_, _, sid)) => sid,
                 None => {
                     let medium = parsed.medium(ev).unwrap_or("GPU");
@@ -461,11 +492,16 @@ impl IndexStore {
         if members.iter().any(|m| m.cap < 0) {
             return Err(PyValueError::new_err("negative cap"));
         }
-        let out = route::route_cohort(&self.inner, &engine.layouts, &lists, &members, &media_rank).map_err(err)?;
+        let out = route::route_cohort(&self.inner, &engine.layouts, &lists, &members, &media_rank)
+            .map_err(err)?;
         Ok(out
             .into_iter()
             .map(|n| {
-                let groups = n.groups.into_iter().map(|g| (g.gpu_blocks, g.blocks, g.media)).collect();
+                let groups = n
+                    .groups
+                    .into_iter()
+                    .map(|g| (g.gpu_blocks, g.blocks, g.media))
+                    .collect();
                 (n.member, n.gpu_tokens, n.any_tokens, groups)
             })
             .collect())
@@ -538,7 +574,12 @@ impl Batch {
             .get(i)
             .ok_or_else(|| pyo3::exceptions::PyIndexError::new_err(format!("no event {i}")))?;
         let medium = self.parsed.medium(ev).map(str::to_owned);
-        Ok((ev.kind, self.parsed.keys[ev.start..ev.end].to_vec(), ev.group, medium))
+        Ok((
+            ev.kind,
+            self.parsed.keys[ev.start..ev.end].to_vec(),
+            ev.group,
+            medium,
+        ))
     }
 
     /// Block keys over all events (stores and removes).

@@ -63,7 +63,13 @@ fn ones(bits: &[u64]) -> usize {
 
 /// The hybrid hit of `layout` on per-group bitsets (each spec group: the intersection of its
 /// members' sets over the shortest list), as (hit tokens, per group (start, end)).
-fn hit_on(layout: &Layout, sets: &[Vec<u64>], lens: &[usize], cap: i64, num_hashed: i64) -> (i64, Vec<(usize, usize)>) {
+fn hit_on(
+    layout: &Layout,
+    sets: &[Vec<u64>],
+    lens: &[usize],
+    cap: i64,
+    num_hashed: i64,
+) -> (i64, Vec<(usize, usize)>) {
     let mut words: Vec<Vec<u64>> = Vec::with_capacity(layout.spec_groups.len());
     let mut views = Vec::with_capacity(layout.spec_groups.len());
     for sg in &layout.spec_groups {
@@ -133,7 +139,9 @@ pub fn route_cohort(
     let mut meta_of: Vec<crate::store::SlotMeta> = vec![Default::default(); store.slot_capacity()];
     for (k, (group, keys)) in lists.iter().enumerate() {
         store.for_each_held(*group, keys, |sid, i| {
-            let Some(seen) = member_of.get_mut(sid as usize) else { return };
+            let Some(seen) = member_of.get_mut(sid as usize) else {
+                return;
+            };
             if *seen == UNSEEN {
                 *seen = match store.meta(sid) {
                     Some(meta) => {
@@ -180,7 +188,11 @@ pub fn route_cohort(
         let (any_tokens, any_spans) = hit_on(layout, &t.any, &lens, m.cap, m.num_hashed);
         let mut per_group = Vec::with_capacity(groups);
         for k in 0..groups {
-            let (s, e) = if any_tokens != 0 { any_spans[k] } else { (0, 0) };
+            let (s, e) = if any_tokens != 0 {
+                any_spans[k]
+            } else {
+                (0, 0)
+            };
             let gpu_blocks = if gpu_tokens != 0 {
                 gpu_spans[k].1 - gpu_spans[k].0.min(gpu_spans[k].1)
             } else {
@@ -198,12 +210,18 @@ pub fn route_cohort(
                     media.push(GPU_ID);
                 }
                 let mut others: Vec<&(u16, Vec<u64>)> = t.media[k].iter().collect();
-                others.sort_by_key(|(id, _)| media_rank.get(*id as usize).copied().unwrap_or(u32::MAX));
+                others.sort_by_key(|(id, _)| {
+                    media_rank.get(*id as usize).copied().unwrap_or(u32::MAX)
+                });
                 for (id, bits) in others {
                     if n_left == 0 {
                         break;
                     }
-                    let found: usize = left.iter().zip(bits).map(|(a, b)| (a & b).count_ones() as usize).sum();
+                    let found: usize = left
+                        .iter()
+                        .zip(bits)
+                        .map(|(a, b)| (a & b).count_ones() as usize)
+                        .sum();
                     if found > 0 {
                         media.push(*id as u32);
                         left.iter_mut().zip(bits).for_each(|(a, b)| *a &= !b);

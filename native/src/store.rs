@@ -86,7 +86,50 @@ fn hkey(rs: &RandomState, key: u64) -> u64 {
     rs.hash_one(key)
 }
 
+/// One live slot and everything its entries touch, borrowed apart: the slot, its group's inverted
+/// table, the spills, the copies table, the entry count and the free slot ids.
+struct Parts<'a> {
+    rs: &'a RandomState,
+    slot: &'a mut Slot,
+    table: &'a mut HashTable<Holder>,
+    spills: &'a mut Vec<Vec<u32>>,
+    free_spills: &'a mut Vec<u32>,
+    dups: &'a mut HashMap<(u32, u64), u32, RandomState>,
+    entries: &'a mut usize,
+    free: &'a mut Vec<u32>,
+}
+
 impl Store {
+    fn parts(&mut self, id: u32) -> Result<Parts<'_>, String> {
+        let Store {
+            rs,
+            slots,
+            free,
+            groups,
+            spills,
+            free_spills,
+            dups,
+            entries,
+        } = self;
+        let slot = match slots.get_mut(id as usize) {
+            Some(s) if s.live => s,
+            _ => return Err(format!("no live slot {id}")),
+        };
+        let table = groups
+            .get_mut(&slot.group)
+            .expect("group table made with the slot");
+        Ok(Parts {
+            rs,
+            slot,
+            table,
+            spills,
+            free_spills,
+            dups,
+            entries,
+            free,
+        })
+    }
+
     pub fn new() -> Self {
         Store {
             rs: RandomState::default(),
@@ -109,9 +152,7 @@ impl Store {
             extra: 0,
             blocks: HashTable::new(),
         };
-        self.groups
-            .entry(group)
-            .or_insert_with(HashTable::new);
+        self.groups.entry(group).or_insert_with(HashTable::new);
         if let Some(id) = self.free.pop() {
             self.slots[id as usize] = slot;
             return Ok(id);
@@ -144,7 +185,8 @@ impl Store {
 
     pub fn get(&self, id: u32, key: u64) -> Result<Option<f64>, String> {
         let rs = &self.rs;
-        Ok(self.slot(id)?
+        Ok(self
+            .slot(id)?
             .blocks
             .find(hkey(rs, key), |b| b.key == key)
             .map(|b| b.ts))
@@ -161,7 +203,10 @@ impl Store {
     pub fn items(&self, id: u32) -> Result<(Vec<u64>, Vec<f64>), String> {
         let mut all: Vec<Block> = self.slot(id)?.blocks.iter().copied().collect();
         sort_blocks(&mut all);
-        Ok((all.iter().map(|b| b.key).collect(), all.iter().map(|b| b.ts).collect()))
+        Ok((
+            all.iter().map(|b| b.key).collect(),
+            all.iter().map(|b| b.ts).collect(),
+        ))
     }
 
     /// The slot's extra copies, `(key, extra copies)` sorted by key.
@@ -190,20 +235,16 @@ impl Store {
         ts: f64,
         cap: Option<usize>,
     ) -> Result<(usize, usize), String> {
-        let Store {
+        let Parts {
             rs,
-            slots,
-            groups,
+            slot,
+            table,
             spills,
             free_spills,
             dups,
             entries,
             ..
-        } = self;
-        let slot = match slots.get_mut(id as usize) {
-            Some(s) if s.live => s,
-            _ => return Err(format!("no live slot {id}")),
-        };
+        } = self.parts(id)?;
         let given = keys.len();
         let filtered: Vec<u64>;
         let keys = match cap {
@@ -227,7 +268,6 @@ impl Store {
             }
             _ => keys,
         };
-        let table = groups.get_mut(&slot.group).expect("group table made with the slot");
         for &k in keys {
             let h = hkey(rs, k);
             if slot.blocks.find(h, |b| b.key == k).is_some() {
@@ -245,21 +285,16 @@ impl Store {
 
     /// Remove one copy of each key; the last copy's removal ends the entry.
     pub fn remove(&mut self, id: u32, keys: &[u64]) -> Result<Removed, String> {
-        let Store {
+        let Parts {
             rs,
-            slots,
-            groups,
+            slot,
+            table,
             spills,
             free_spills,
             dups,
             entries,
             ..
-        } = self;
-        let slot = match slots.get_mut(id as usize) {
-            Some(s) if s.live => s,
-            _ => return Err(format!("no live slot {id}")),
-        };
-        let table = groups.get_mut(&slot.group).expect("group table made with the slot");
+        } = self.parts(id)?;
         let mut out = Removed::default();
         for &k in keys {
             if slot.extra > 0 {
@@ -292,22 +327,16 @@ impl Store {
     /// Drop every entry of the slot (all copies) and free it; returns its entries sorted by
     /// (store time, key).
     pub fn close(&mut self, id: u32) -> Result<(Vec<u64>, Vec<f64>), String> {
-        let Store {
+        let Parts {
             rs,
-            slots,
-            free,
-            groups,
+            slot,
+            table,
             spills,
             free_spills,
             dups,
             entries,
-            ..
-        } = self;
-        let slot = match slots.get_mut(id as usize) {
-            Some(s) if s.live => s,
-            _ => return Err(format!("no live slot {id}")),
-        };
-        let table = groups.get_mut(&slot.group).expect("group table made with the slot");
+            free,
+        } = self.parts(id)?;
         let mut all: Vec<Block> = slot.blocks.drain().collect();
         *entries -= all.len();
         for b in &all {
@@ -321,7 +350,10 @@ impl Store {
         slot.blocks = HashTable::new();
         free.push(id);
         sort_blocks(&mut all);
-        Ok((all.iter().map(|b| b.key).collect(), all.iter().map(|b| b.ts).collect()))
+        Ok((
+            all.iter().map(|b| b.key).collect(),
+            all.iter().map(|b| b.ts).collect(),
+        ))
     }
 
     /// Load entries (a snapshot restore): `keys[i]` stored at `ts[i]`, then the extra copies.
@@ -335,27 +367,23 @@ impl Store {
         if keys.len() != ts.len() {
             return Err("keys and store times differ in length".into());
         }
-        let Store {
+        let Parts {
             rs,
-            slots,
-            groups,
+            slot,
+            table,
             spills,
             free_spills,
             dups,
             entries,
             ..
-        } = self;
-        let slot = match slots.get_mut(id as usize) {
-            Some(s) if s.live => s,
-            _ => return Err(format!("no live slot {id}")),
-        };
-        let table = groups.get_mut(&slot.group).expect("group table made with the slot");
+        } = self.parts(id)?;
         for (&k, &t) in keys.iter().zip(ts) {
             let h = hkey(rs, k);
             match slot.blocks.find_mut(h, |b| b.key == k) {
                 Some(b) => b.ts = t,
                 None => {
-                    slot.blocks.insert_unique(h, Block { key: k, ts: t }, |b| hkey(rs, b.key));
+                    slot.blocks
+                        .insert_unique(h, Block { key: k, ts: t }, |b| hkey(rs, b.key));
                     *entries += 1;
                     add_holder(table, spills, free_spills, rs, k, id);
                 }
@@ -421,7 +449,10 @@ impl Store {
     /// The owner and medium of a live slot (None for a closed one).
     #[inline]
     pub fn meta(&self, id: u32) -> Option<SlotMeta> {
-        self.slots.get(id as usize).filter(|s| s.live).map(|s| s.meta)
+        self.slots
+            .get(id as usize)
+            .filter(|s| s.live)
+            .map(|s| s.meta)
     }
 
     pub fn slot_group(&self, id: u32) -> Result<u64, String> {
@@ -466,7 +497,10 @@ fn add_holder(
     let h = hkey(rs, key);
     match table.find_mut(h, |x| { x.key } == key) {
         None => {
-            table.insert_unique(h, Holder { key, v: id }, |x| { let k = x.key; hkey(rs, k) });
+            table.insert_unique(h, Holder { key, v: id }, |x| {
+                let k = x.key;
+                hkey(rs, k)
+            });
         }
         Some(x) => {
             let v = x.v;

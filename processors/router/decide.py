@@ -121,8 +121,7 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
     # A node holding nothing can only matter as the chosen one unless every row is shown or the
     # choice samples the whole tier: then only the best-ranked such node gets a row (its rank is
     # worked out without building the row), which leaves the finished answer unchanged.
-    every_zero = req.include_zero or scoring.temperature > 0
-    best_zero: tuple | None = None
+    zeros = _Zeros(req.include_zero or scoring.temperature > 0, rows, scoring, loads, now, stale_after_s)
     search = search or _default_search()
     deferred: list[tuple[list, set[int], dict[int, Zero], Lists]] = []  # native cohorts' zero nodes
     for lists, members in cohorts.values():
@@ -132,9 +131,7 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
         if touched is not None:
             for m, answer in touched.items():
                 node, model = members[m]
-                z = zero.get(id(model))
-                if z is None:
-                    z = zero[id(model)] = zero_shape(node, model, lists, checked.num_tokens, req)
+                z = _shape(zero, node, model, lists, checked.num_tokens, req)
                 rows.append(touched_row(z, node, answer, index.store.media, scoring,  # type: ignore[union-attr]
                                         loads.get(node.node_id, _NO_LOAD), now, stale_after_s))
             deferred.append((members, set(touched), zero, lists))
@@ -144,16 +141,7 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
             node_held = held.get(node)
             if node_held is None and (inflight is None or not inflight.tracks(node.node_id)):
                 # holds none of the request's blocks and has nothing in flight: no search, no sets
-                z = zero.get(id(model))
-                if z is None:
-                    z = zero[id(model)] = zero_shape(node, model, lists, checked.num_tokens, req)
-                load = loads.get(node.node_id, _NO_LOAD)
-                if every_zero:
-                    rows.append(zero_row(z, node, scoring, load, now, stale_after_s))
-                    continue
-                rank = zero_rank(z, node, scoring, load, now, stale_after_s)
-                if best_zero is None or rank < best_zero[0]:
-                    best_zero = (rank, z, node, load)
+                zeros.add(_shape(zero, node, model, lists, checked.num_tokens, req), node)
                 continue
             p = prepare(node, model, lists, node_held or {}, checked.num_tokens, req, inflight, now,
                          stale_after_s)
@@ -163,24 +151,12 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
                 if p.any_sets != p.gpu_sets:
                     jobs.append(Job(model, p.groups, p.lens, p.any_sets, p.cap))
             pending.append(p)
-    if deferred and (every_zero or not _zero_cannot_win(rows, scoring, loads)):
+    if deferred and (zeros.every or not _zero_cannot_win(rows, scoring, loads)):
         for members, touched_set, zero, lists in deferred:
             for m, (node, model) in enumerate(members):
-                if m in touched_set:
-                    continue
-                z = zero.get(id(model))
-                if z is None:
-                    z = zero[id(model)] = zero_shape(node, model, lists, checked.num_tokens, req)
-                load = loads.get(node.node_id, _NO_LOAD)
-                if every_zero:
-                    rows.append(zero_row(z, node, scoring, load, now, stale_after_s))
-                    continue
-                rank = zero_rank(z, node, scoring, load, now, stale_after_s)
-                if best_zero is None or rank < best_zero[0]:
-                    best_zero = (rank, z, node, load)
-    if best_zero is not None:
-        _, z, node, load = best_zero
-        rows.append(zero_row(z, node, scoring, load, now, stale_after_s))
+                if m not in touched_set:
+                    zeros.add(_shape(zero, node, model, lists, checked.num_tokens, req), node)
+    zeros.finish()
     hits = search.search(jobs)  # every other node's hits in one call
     for p in pending:
         row = node_row(p, hits, req, scoring, loads.get(p.node.node_id, _NO_LOAD), inflight)
@@ -196,6 +172,40 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
         num_tokens=checked.num_tokens, hash_configs=hasher.used() if hasher else [], nodes=rows,
         no_signal=no_signal, hashing_s=round(hasher.seconds, 6) if hasher else 0.0,
         search_s=round(time.perf_counter() - t_search, 6))
+
+
+class _Zeros:
+    """Nodes holding nothing and nothing in flight: a row each when every row may be shown or the
+    choice samples the tier (`every`), else only the best-ranked one (`zero_rank`, no row built)."""
+
+    def __init__(self, every: bool, rows: list[NodeRoute], scoring: Scoring, loads: Mapping[str, Load], now: float,
+                 stale_after_s: float | None) -> None:
+        self.every, self.rows, self.scoring, self.loads = every, rows, scoring, loads
+        self.now, self.stale_after_s = now, stale_after_s
+        self.best: tuple | None = None
+
+    def add(self, z: Zero, node: NodeState) -> None:
+        load = self.loads.get(node.node_id, _NO_LOAD)
+        if self.every:
+            self.rows.append(zero_row(z, node, self.scoring, load, self.now, self.stale_after_s))
+            return
+        rank = zero_rank(z, node, self.scoring, load, self.now, self.stale_after_s)
+        if self.best is None or rank < self.best[0]:
+            self.best = (rank, z, node, load)
+
+    def finish(self) -> None:
+        if self.best is not None:
+            _, z, node, load = self.best
+            self.rows.append(zero_row(z, node, self.scoring, load, self.now, self.stale_after_s))
+
+
+def _shape(cache: dict[int, Zero], node: NodeState, model: NodeModel, lists: Lists, num_tokens: int | None,
+           req: RouteRequest) -> Zero:
+    """`zero_shape` once per model of a cohort (keyed by id: models outlive the call)."""
+    z = cache.get(id(model))
+    if z is None:
+        z = cache[id(model)] = zero_shape(node, model, lists, num_tokens, req)
+    return z
 
 
 def _zero_cannot_win(rows: list[NodeRoute], s: Scoring, loads: Mapping[str, Load]) -> bool:
