@@ -11,7 +11,7 @@
 use foldhash::fast::RandomState;
 use hashbrown::HashMap;
 
-use crate::hit::{find_hit, Held, Layout};
+use crate::hit::{find_hit, Held, Kind, Layout};
 use crate::store::Store;
 
 /// Media ids in answers: a slot's medium id, or these two.
@@ -184,8 +184,18 @@ pub fn route_cohort(
         let Some(t) = t else { continue };
         let m = &members[mi];
         let layout = &layouts[m.layout];
-        let (gpu_tokens, gpu_spans) = hit_on(layout, &t.gpu, &lens, m.cap, m.num_hashed);
+        let has_full = layout.spec_groups.iter().any(|sg| sg.kind == Kind::Full);
         let (any_tokens, any_spans) = hit_on(layout, &t.any, &lens, m.cap, m.num_hashed);
+        // one search when the node holds nothing off GPU (the sets are equal); none when it holds
+        // nothing on GPU and the layout has full attention (its hit needs every block up to the
+        // hit: none held, no hit); the GPU spans are then never read
+        let (gpu_tokens, gpu_spans) = if t.media.iter().all(Vec::is_empty) {
+            (any_tokens, any_spans.clone())
+        } else if has_full && t.gpu.iter().all(|w| w.iter().all(|&x| x == 0)) {
+            (0, Vec::new())
+        } else {
+            hit_on(layout, &t.gpu, &lens, m.cap, m.num_hashed)
+        };
         let mut per_group = Vec::with_capacity(groups);
         for k in 0..groups {
             let (s, e) = if any_tokens != 0 {
