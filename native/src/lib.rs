@@ -465,35 +465,43 @@ impl IndexStore {
     }
 
     /// One cohort's hits for every member node holding any requested block (`route::route_cohort`):
-    /// `lists` `[(group, hashes)]` in the layouts' group order, `members` `[(owner key, layout id
-    /// in `engine`, cap, tokens hashed)]`, `media_rank[medium id]` the order of non-GPU media.
-    /// Returns per such node `(member index, gpu tokens, any tokens, [(gpu blocks, blocks used,
-    /// media ids)] per group)`; media ids `GPU_MEDIUM` and `UNKNOWN_MEDIUM` as the module says.
+    /// `lists` `[(group, hashes)]` in the layouts' group order, `members` the cohort's table,
+    /// `models` per spec model `(layout id in engine, cap, tokens hashed)`, `media_rank[medium id]`
+    /// the order of non-GPU media. Returns per such node `(member index, gpu tokens, any tokens,
+    /// [(gpu blocks, blocks used, media ids)] per group)`; media ids `GPU_MEDIUM` and
+    /// `UNKNOWN_MEDIUM` as the module says.
     fn route_cohort(
         &self,
         engine: PyRef<'_, HitEngine>,
         lists: Vec<(u64, Bound<'_, PyAny>)>,
-        members: Vec<(u32, usize, i64, i64)>,
+        members: PyRef<'_, MemberTable>,
+        models: Vec<(usize, i64, i64)>,
         media_rank: Vec<u32>,
     ) -> PyResult<Vec<CohortRow>> {
         let lists = lists
             .into_iter()
             .map(|(g, hashes)| Ok((g, keys_of(&hashes)?)))
             .collect::<PyResult<Vec<_>>>()?;
-        let members: Vec<route::Member> = members
+        if models.iter().any(|m| m.1 < 0) {
+            return Err(PyValueError::new_err("negative cap"));
+        }
+        let models: Vec<route::ModelArgs> = models
             .into_iter()
-            .map(|(owner, layout, cap, num_hashed)| route::Member {
-                owner,
+            .map(|(layout, cap, num_hashed)| route::ModelArgs {
                 layout,
                 cap,
                 num_hashed,
             })
             .collect();
-        if members.iter().any(|m| m.cap < 0) {
-            return Err(PyValueError::new_err("negative cap"));
-        }
-        let out = route::route_cohort(&self.inner, &engine.layouts, &lists, &members, &media_rank)
-            .map_err(err)?;
+        let out = route::route_cohort(
+            &self.inner,
+            &engine.layouts,
+            &lists,
+            &members.inner,
+            &models,
+            &media_rank,
+        )
+        .map_err(err)?;
         Ok(out
             .into_iter()
             .map(|n| {
@@ -554,6 +562,27 @@ impl IndexStore {
     }
 }
 
+/// A cohort's member table for `IndexStore.route_cohort`: per node its owner key and the index of
+/// its spec model among the cohort's models. Built once per cohort, reused across requests.
+#[pyclass(module = "kvpipe_native", frozen)]
+struct MemberTable {
+    inner: route::Members,
+}
+
+#[pymethods]
+impl MemberTable {
+    #[new]
+    fn new(owners: Vec<u32>, models: Vec<u16>) -> PyResult<Self> {
+        Ok(MemberTable {
+            inner: route::Members::new(owners, models).map_err(err)?,
+        })
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.owners.len()
+    }
+}
+
 /// A vLLM event batch read by `parse_batch` (`batch::parse`), kept native.
 #[pyclass(module = "kvpipe_native", frozen)]
 struct Batch {
@@ -600,6 +629,7 @@ fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HitEngine>()?;
     m.add_class::<IndexStore>()?;
     m.add_class::<Batch>()?;
+    m.add_class::<MemberTable>()?;
     m.add_function(wrap_pyfunction!(parse_batch, m)?)?;
     m.add("GPU_MEDIUM", route::GPU_ID)?;
     m.add("UNKNOWN_MEDIUM", route::UNKNOWN)?;

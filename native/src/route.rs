@@ -18,8 +18,31 @@ use crate::store::Store;
 pub const GPU_ID: u32 = u32::MAX - 1;
 pub const UNKNOWN: u32 = u32::MAX;
 
-pub struct Member {
-    pub owner: u32,
+/// A cohort's nodes: their owner keys (`store::SlotMeta::owner`) and which of the cohort's spec
+/// models each runs. Built once per cohort and kept by the caller while its nodes hold still.
+pub struct Members {
+    pub owners: Vec<u32>,
+    pub models: Vec<u16>,
+    by_owner: HashMap<u32, usize, RandomState>,
+}
+
+impl Members {
+    pub fn new(owners: Vec<u32>, models: Vec<u16>) -> Result<Self, String> {
+        if owners.len() != models.len() {
+            return Err("owners and models differ in length".into());
+        }
+        let mut by_owner = HashMap::with_capacity_and_hasher(owners.len(), RandomState::default());
+        by_owner.extend(owners.iter().enumerate().map(|(i, &o)| (o, i)));
+        Ok(Members {
+            owners,
+            models,
+            by_owner,
+        })
+    }
+}
+
+/// Per spec model of a cohort, for this request: its layout id, the cap and the tokens hashed.
+pub struct ModelArgs {
     pub layout: usize,
     pub cap: i64,
     pub num_hashed: i64,
@@ -110,11 +133,15 @@ pub fn route_cohort(
     store: &Store,
     layouts: &[Layout],
     lists: &[(u64, Vec<u64>)],
-    members: &[Member],
+    members: &Members,
+    models: &[ModelArgs],
     media_rank: &[u32],
 ) -> Result<Vec<NodeOut>, String> {
     let groups = lists.len();
-    for m in members {
+    if members.models.iter().any(|&m| m as usize >= models.len()) {
+        return Err("a member's model index past the models given".into());
+    }
+    for m in models {
         let layout = layouts
             .get(m.layout)
             .ok_or_else(|| format!("unknown layout id {}", m.layout))?;
@@ -127,11 +154,9 @@ pub fn route_cohort(
     }
     let lens: Vec<usize> = lists.iter().map(|(_, keys)| keys.len()).collect();
     let words: Vec<usize> = lens.iter().map(|l| l.div_ceil(64).max(1)).collect();
-    // looked up once per (position, holder): a fast hasher (owner keys are ours, not the network's)
-    let mut by_owner: HashMap<u32, usize, RandomState> =
-        HashMap::with_capacity_and_hasher(members.len(), RandomState::default());
-    by_owner.extend(members.iter().enumerate().map(|(i, m)| (m.owner, i)));
-    let mut touched: Vec<Option<Box<Touch>>> = (0..members.len()).map(|_| None).collect();
+    // owner → member, on a fast hasher (owner keys are ours, not the network's)
+    let by_owner = &members.by_owner;
+    let mut touched: Vec<Option<Box<Touch>>> = (0..members.owners.len()).map(|_| None).collect();
     // per slot id, its member (resolved on first sight): a slot is met once per position it holds
     const UNSEEN: u32 = u32::MAX;
     const NOT_MEMBER: u32 = u32::MAX - 1;
@@ -182,7 +207,7 @@ pub fn route_cohort(
     let mut out = Vec::new();
     for (mi, t) in touched.iter_mut().enumerate() {
         let Some(t) = t else { continue };
-        let m = &members[mi];
+        let m = &models[members.models[mi] as usize];
         let layout = &layouts[m.layout];
         let has_full = layout.spec_groups.iter().any(|sg| sg.kind == Kind::Full);
         let (any_tokens, any_spans) = hit_on(layout, &t.any, &lens, m.cap, m.num_hashed);

@@ -35,27 +35,51 @@ def cohort_hits(index: Index, search: HitSearch, lists: dict[int, list], members
     if (req.semantics == PREFIX_PER_GROUP or store.kind != "native" or search.native_engine is None
             or store.media_overflow or not members):  # type: ignore[union-attr]
         return None
-    model0 = members[0][1]
-    groups = tuple(g for g in model0.groups if g in lists)
+    groups = tuple(g for g in members[0][1].groups if g in lists)
     if not groups:
         return None
-    if inflight is not None and any(inflight.tracks(n.node_id) for n, _ in members):
+    if inflight is not None and inflight.tracking() and any(inflight.tracks(n.node_id) for n, _ in members):
         return None
-    rows: list[tuple[int, int, int, int]] = []
-    by_model: dict[int, tuple[int, int, int] | None] = {}  # id(model) → (layout id, cap, tokens hashed)
+    table, models = _table(members)
     engine = search.native_engine
-    for node, model in members:
-        got = by_model.get(id(model), ())
-        if got == ():
-            got = by_model[id(model)] = _native_args(search, model, groups, lists, num_tokens)
+    args = []
+    for model in models:  # a cohort's nodes run few distinct spec models: per model, not per node
+        got = _native_args(search, model, groups, lists, num_tokens)
         if got is None:
             return None
-        rows.append((node.key, *got))  # type: ignore[misc]
+        args.append(got)
     if search.native_engine is not engine:  # the engine started afresh while registering: ids moved
         return None
-    answers = store.core.route_cohort(engine, [(g, lists[g]) for g in groups], rows,  # type: ignore[union-attr]
+    answers = store.core.route_cohort(engine, [(g, lists[g]) for g in groups], table, args,  # type: ignore[union-attr]
                                       store.media_rank())  # type: ignore[union-attr]
     return {m: (gpu, any_, per_group) for m, gpu, any_, per_group in answers}
+
+
+# A cohort's native member table, by the identity of its member list (the router's plan keeps one
+# list per cohort until the index's nodes change; the list is kept in the value, so an id is never
+# reused while its entry lives).
+_tables: dict[int, tuple[Sequence[Member], object, list[NodeModel]]] = {}
+_TABLES_MAX = 4096
+
+
+def _table(members: Sequence[Member]) -> tuple[object, list[NodeModel]]:
+    got = _tables.get(id(members))
+    if got is not None and got[0] is members:
+        return got[1], got[2]
+    models: list[NodeModel] = []
+    at: dict[int, int] = {}
+    index_of = []
+    for _, model in members:
+        i = at.get(id(model))
+        if i is None:
+            i = at[id(model)] = len(models)
+            models.append(model)
+        index_of.append(i)
+    table = kvpipe_native.MemberTable([n.key for n, _ in members], index_of)
+    if len(_tables) >= _TABLES_MAX:
+        _tables.clear()
+    _tables[id(members)] = (members, table, models)
+    return table, models
 
 
 def _native_args(search: HitSearch, model: NodeModel, groups: tuple[int, ...], lists: dict[int, list],

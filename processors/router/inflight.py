@@ -133,6 +133,10 @@ class InFlight:
         node = self._nodes.get(node_id)
         return node.running if node else 0
 
+    def tracking(self) -> bool:
+        """Whether anything is recorded for any node (a route skips per-node checks when not)."""
+        return bool(self._nodes)
+
     def tracks(self, node_id: str) -> bool:
         """Whether anything (a running request, a speculative block) is recorded for N."""
         return node_id in self._nodes
