@@ -515,10 +515,6 @@ impl IndexStore {
             .collect())
     }
 
-    fn slot_group(&self, slot: u32) -> PyResult<u64> {
-        self.inner.slot_group(slot).map_err(err)
-    }
-
     /// Live (block × holder) entries.
     fn entries(&self) -> usize {
         self.inner.entries()

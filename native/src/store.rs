@@ -455,10 +455,6 @@ impl Store {
             .map(|s| s.meta)
     }
 
-    pub fn slot_group(&self, id: u32) -> Result<u64, String> {
-        Ok(self.slot(id)?.group)
-    }
-
     /// Bytes the storage holds on the heap (tables at their allocated size, spills, slot records).
     pub fn memory_bytes(&self) -> usize {
         let mut n = self.slots.capacity() * std::mem::size_of::<Slot>()
