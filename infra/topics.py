@@ -8,6 +8,7 @@ shrinking is impossible. The user decides (delete the topic, or use the existing
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -98,6 +99,16 @@ def _align_configs(admin, specs: list[TopicSpec], timeout: float) -> tuple[list[
     return altered, problems
 
 
+def _settling(err) -> bool:
+    """True for the errors a cluster that is still coming up answers: worth another try."""
+    from confluent_kafka import KafkaError
+
+    return err.retriable() or err.code() in (
+        KafkaError._DESTROY, KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT, KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN, KafkaError.NOT_CONTROLLER, KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.INVALID_REPLICATION_FACTOR)
+
+
 def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 30.0) -> dict[str, str]:
     """Create missing topics; verify existing ones and set the configs kvpipe needs on them.
     Returns name → "created" | "exists" | "configured".
@@ -116,21 +127,33 @@ def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 3
         raise InfraError(f"Kafka at {bootstrap} is not reachable: {e}") from e
     result: dict[str, str] = {}
     missing = [s for s in specs if s.name not in existing]
-    if missing:
+    deadline = time.monotonic() + timeout
+    while missing:
         futures = admin.create_topics(
             [NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication, config=dict(s.config))
              for s in missing], operation_timeout=timeout, request_timeout=timeout)
+        by_name, again = {s.name: s for s in missing}, []
         for name, fut in futures.items():
             try:
                 fut.result(timeout=timeout)
                 result[name] = "created"
             except KafkaException as e:
                 err = e.args[0]
-                if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:  # lost a race with another `up`: fine
+                if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:  # lost a race with another `up`: fine
+                    result[name] = "exists"
+                elif _settling(err) and time.monotonic() < deadline:
+                    again.append(by_name[name])
+                else:
                     raise InfraError(f"creating topic {name!r} on {bootstrap} failed: {err.str()}") from e
-                result[name] = "exists"
-        if any(v == "exists" for v in result.values()):
-            existing.update({n: len(t.partitions) for n, t in admin.list_topics(timeout=timeout).topics.items()})
+        if again:
+            # A cluster that has just come up can drop the admin's connection while its controller
+            # settles, or refuse a replication factor until every node has registered: retry the
+            # rest on a fresh client (creating is idempotent: a repeat reads "already exists").
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            admin = _admin(bootstrap)
+        missing = again
+    if any(v == "exists" for v in result.values()):
+        existing.update({n: len(t.partitions) for n, t in admin.list_topics(timeout=timeout).topics.items()})
     problems = []
     for s in specs:
         if result.get(s.name) == "created":

@@ -32,7 +32,6 @@ class Rig:
     """Unique topics on `bootstrap` (replicated `replication` times) and the apps' settings."""
 
     def __init__(self, bootstrap: str, tmp: Path, partitions: int = 2, replication: int = 1) -> None:
-        from kvpipe.infra.errors import InfraError
         from kvpipe.infra.topics import default_specs, ensure_topics
 
         self.bootstrap, self.tmp, self.partitions = bootstrap, tmp, partitions
@@ -41,16 +40,7 @@ class Rig:
         self.snapshots, self.analytics_snapshots = f"fault-snap-{self.tag}", f"fault-asnap-{self.tag}"
         self.specs = default_specs(self.events, self.dlq, self.snapshots, partitions, self.analytics_snapshots,
                                    replication=replication)
-        # A cluster that has just come up can fail a first create while its controller settles
-        # (seen: "broker handle destroyed" on the 3-node cluster); ensure_topics is idempotent.
-        for attempt in range(5):
-            try:
-                ensure_topics(bootstrap, self.specs)
-                break
-            except InfraError:
-                if attempt == 4:
-                    raise
-                time.sleep(2.0)
+        ensure_topics(bootstrap, self.specs)  # retries while a new cluster settles
         tmp.mkdir(parents=True, exist_ok=True)
         self.processes: list[ProcessorProcess] = []
 

@@ -57,3 +57,16 @@ def test_replicated_specs_ask_two_in_sync_replicas_for_every_topic() -> None:
     assert specs[0].config["message.timestamp.type"] == "LogAppendTime"
     assert all(s.replication == 1 and "min.insync.replicas" not in s.config
                for s in default_specs("ev", "dlq", "snap", 4, "asnap"))
+
+
+def test_topic_creation_retries_what_a_settling_cluster_answers_and_nothing_else() -> None:
+    from confluent_kafka import KafkaError
+
+    from kvpipe.infra.topics import _settling
+
+    for code in (KafkaError._DESTROY, KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT,
+                 KafkaError.NOT_CONTROLLER, KafkaError.INVALID_REPLICATION_FACTOR):
+        assert _settling(KafkaError(code)), code
+    for code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.INVALID_CONFIG,
+                 KafkaError.POLICY_VIOLATION):
+        assert not _settling(KafkaError(code)), code
