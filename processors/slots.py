@@ -31,6 +31,7 @@ except ImportError:  # not built (KVPIPE_NATIVE=0): the reference store only
 StoreKind = Literal["native", "python"]
 MAX_MEDIA = 0xFFFF  # medium ids the native store records; the last one is shared by any further medium
 STORES: tuple[StoreKind, ...] = ("native", "python")
+GPU = "GPU"  # the medium name vLLM gives device memory (`processors/index.py` names it too)
 
 
 def key_of(h: ExternalHash) -> int:
@@ -319,10 +320,11 @@ class NativeStore:
         self.media: list[str] = []
         self._media_ids: dict[str, int] = {}
         self._rank: list[int] | None = None
+        self._names: dict[int, str] = {}  # media mask → the router's medium string (ids never change)
 
     def new_slot(self, node: Any, group: int, medium: str) -> Slot:
         slot = Slot(node, group, medium)
-        slot.sid = self.core.new_slot(group, node.key, self._medium_id(medium), medium == "GPU")
+        slot.sid = self.core.new_slot(group, node.key, self._medium_id(medium), medium == GPU)
         slot.blocks, slot.dups = _Blocks(self.core, slot.sid), _Dups(self.core, slot.sid)
         self._slots[slot.sid] = slot
         return slot
@@ -350,6 +352,19 @@ class NativeStore:
                 rank[mid] = pos
             self._rank = rank
         return self._rank
+
+    def media_names(self, mask: int) -> str:
+        """A route answer's media mask (`kvpipe_native.IndexStore.route_cohort`: bit `id` per medium
+        id, and the GPU and unknown bits) as the router writes it: names joined by "+", GPU first,
+        "?" for blocks on no medium known, "none" for none."""
+        got = self._names.get(mask)
+        if got is None:
+            names = [GPU] if mask & kvpipe_native.GPU_MEDIUM else []
+            if mask & kvpipe_native.UNKNOWN_MEDIUM:
+                names.append("?")
+            names += [m for i, m in enumerate(self.media) if i < kvpipe_native.MEDIA_BITS and mask >> i & 1]
+            got = self._names[mask] = "+".join(sorted(names, key=lambda m: (m != GPU, m))) or "none"
+        return got
 
     def slot_by_id(self, sid: int) -> Slot:
         return self._slots[sid]

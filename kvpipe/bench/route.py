@@ -40,7 +40,15 @@ from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfi
 from kvpipe.schemas.events import BlockStored
 
 LAYOUT = [GroupSpec(group_idx=0, kind="full_attention", block_size=16),
-          GroupSpec(group_idx=1, kind="sliding_window", block_size=32, sliding_window=1024)]
+          GroupSpec(group_idx=1, kind="sliding_window", block_size=32, sliding_window=1024),
+          GroupSpec(group_idx=2, kind="sliding_window", block_size=16, sliding_window=512)]
+
+
+def layout(windows: int) -> list[GroupSpec]:
+    """Full attention and `windows` (1 or 2) sliding-window groups of different specs."""
+    if not 1 <= windows <= len(LAYOUT) - 1:
+        raise ValueError(f"windows must be 1..{len(LAYOUT) - 1}")
+    return LAYOUT[:1 + windows]
 CONFIGS = [HashConfig(algorithm="sha256", hash_block_size=16),
            HashConfig(algorithm="sha256_cbor", hash_block_size=16, int_hashes=False)]
 
@@ -51,7 +59,7 @@ def _stored(hashes: list, group: int, bs: int, medium: str) -> BlockStored:
 
 
 def fleet(nodes: int, documents: int, prompt_tokens: int, per_node: int, configs: int,
-          rng: random.Random) -> tuple[list[tuple[Envelope, list[BlockStored]]], list[list[int]]]:
+          rng: random.Random, windows: int = 1) -> tuple[list[tuple[Envelope, list[BlockStored]]], list[list[int]]]:
     """Each node's one envelope (specs, hash configuration) with its cache as events, and the documents."""
     docs = [[rng.randrange(150_000) for _ in range(prompt_tokens)] for _ in range(documents)]
     views: dict[tuple[int, int], ViewCache] = {}
@@ -62,29 +70,32 @@ def fleet(nodes: int, documents: int, prompt_tokens: int, per_node: int, configs
             fine = hash_request_blocks(hasher, doc, cfg.hash_block_size)
             views[(c, d)] = ViewCache([external_hash(h, cfg.int_hashes) for h in fine], cfg.hash_block_size)
     out = []
-    fa, sw = LAYOUT
-    need = sliding_blocks_needed(sw.sliding_window or 0, sw.block_size)
+    specs = layout(windows)
+    fa = specs[0]
     for n in range(nodes):
         c = n % configs
         events = []
         for d in rng.sample(range(documents), per_node):
-            fa_list, sw_list = views[(c, d)].at(fa.block_size), views[(c, d)].at(sw.block_size)
+            fa_list = views[(c, d)].at(fa.block_size)
             cut = rng.randint(len(fa_list) // 4, len(fa_list))  # FA blocks cached: a prefix
             on_cpu = rng.randint(0, cut)  # blocks [on_cpu, cut) were offloaded
             events.append(_stored(list(fa_list[:on_cpu]), 0, fa.block_size, "GPU"))
             events.append(_stored(list(fa_list[on_cpu:cut]), 0, fa.block_size, "CPU"))
-            sw_end = cut * fa.block_size // sw.block_size
-            tail = list(sw_list[max(0, sw_end - need):sw_end])
-            events.append(_stored(tail, 1, sw.block_size, "GPU" if rng.random() < 0.5 else "CPU"))
+            for sw in specs[1:]:  # each window keeps only its blocks at the end of that prefix
+                sw_list = views[(c, d)].at(sw.block_size)
+                need = sliding_blocks_needed(sw.sliding_window or 0, sw.block_size)
+                sw_end = cut * fa.block_size // sw.block_size
+                tail = list(sw_list[max(0, sw_end - need):sw_end])
+                events.append(_stored(tail, sw.group_idx, sw.block_size, "GPU" if rng.random() < 0.5 else "CPU"))
         env = Envelope(v=SCHEMA_MAJOR, node_id=f"node-{n:04d}", epoch=1, seq=0, ts=1.0, model="bench",
-                       group_specs=LAYOUT, hash_config=CONFIGS[c])
+                       group_specs=specs, hash_config=CONFIGS[c])
         out.append((env, events))
     return out, docs
 
 
 def build(nodes: int, documents: int, prompt_tokens: int, per_node: int, configs: int,
-          rng: random.Random) -> tuple[Index, list[list[int]]]:
-    envelopes, docs = fleet(nodes, documents, prompt_tokens, per_node, configs, rng)
+          rng: random.Random, windows: int = 1) -> tuple[Index, list[list[int]]]:
+    envelopes, docs = fleet(nodes, documents, prompt_tokens, per_node, configs, rng, windows)
     return index_of(envelopes), docs
 
 
@@ -149,7 +160,7 @@ def _rows(answer: RouteAnswer) -> tuple:
 
 def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_tokens: int = 2048,
         per_node: int = 8, configs: int = 1, seed: int = 0, dynamo: bool = True,
-        compare_stores: bool = True) -> dict[str, Any]:
+        compare_stores: bool = True, windows: int = 1) -> dict[str, Any]:
     """Time `requests` token-id routes over `nodes` nodes; `configs` = 1 or 2 distinct hash
     configurations among the nodes (2: the prompt is hashed twice per request). Every request is
     routed on each hit search engine in turn (order alternating), their answers checked equal,
@@ -158,7 +169,7 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
         raise ValueError(f"configs must be 1..{len(CONFIGS)}")
     rng = random.Random(seed)
     t0 = time.perf_counter()
-    envelopes, docs = fleet(nodes, documents, prompt_tokens, per_node, configs, rng)
+    envelopes, docs = fleet(nodes, documents, prompt_tokens, per_node, configs, rng, windows)
     index = index_of(envelopes)
     build_s = time.perf_counter() - t0
     store_cmp = stores(envelopes) if compare_stores else None
@@ -200,6 +211,8 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     out = {
         "nodes": nodes, "requests": requests, "documents": documents, "prompt_tokens": prompt_tokens,
         "per_node": per_node, "hash_configs": configs, "seed": seed,
+        "groups": [f"{g.kind}/{g.block_size}" + (f"/{g.sliding_window}" if g.sliding_window else "")
+                   for g in layout(windows)],
         "index_blocks": sum(v for per in index.sizes().values() for v in per.values()),
         "build_s": round(build_s, 3),
         "engine": engines[0], "answers_checked": len(hits) if len(engines) > 1 else 0,

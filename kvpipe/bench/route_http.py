@@ -75,7 +75,8 @@ def _over_http(args: SimpleNamespace) -> dict[str, Any]:
     settings = load_settings()
     bootstrap, security = settings.bootstrap(), settings.kafka_confluent_security()
     rng = random.Random(args.seed)
-    envelopes, docs = bench.fleet(args.nodes, args.documents, args.prompt_tokens, args.per_node, args.configs, rng)
+    envelopes, docs = bench.fleet(args.nodes, args.documents, args.prompt_tokens, args.per_node, args.configs, rng,
+                                 args.windows)
     requests = bench.prompts(docs, args.requests + args.warmup, random.Random(args.seed + 1))
     tag = uuid.uuid4().hex[:8]
     topic, dlq, snaps = f"bench-route-{tag}", f"bench-route-dlq-{tag}", f"bench-route-snap-{tag}"
@@ -123,6 +124,8 @@ def _over_http(args: SimpleNamespace) -> dict[str, Any]:
 @click.option("--per-node", type=int, default=8, show_default=True, help="documents each node caches")
 @click.option("--configs", type=click.IntRange(1, 2), default=1, show_default=True,
               help="distinct hash configurations")
+@click.option("--windows", type=click.IntRange(1, 2), default=1, show_default=True,
+              help="sliding-window groups beside full attention (2: the three-group HMA layout)")
 @click.option("--partitions", type=int, default=4, show_default=True, help="partitions of the events topic")
 @click.option("--seed", type=int, default=0, show_default=True, help="workload seed")
 @click.option("--no-dynamo", is_flag=True,
@@ -133,7 +136,7 @@ def route_bench(**params: Any) -> dict[str, Any]:
     args = SimpleNamespace(**params)
     local = bench.run(nodes=args.nodes, requests=args.requests, documents=args.documents,
                       prompt_tokens=args.prompt_tokens, per_node=args.per_node, configs=args.configs, seed=args.seed,
-                      dynamo=not args.no_dynamo)
+                      dynamo=not args.no_dynamo, windows=args.windows)
     local_rate = 1e6 / local["route_total"]["mean_us"]
     out: dict[str, Any] = {"bench": "route", "unit": "routes/s (sequential, token ids)",
                            "baseline": round(local_rate, 1), "in_process": local}

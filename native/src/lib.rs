@@ -230,7 +230,7 @@ struct IndexStore {
 }
 
 type Closed = (Vec<u64>, Vec<f64>);
-type CohortRow = (usize, i64, i64, Vec<(usize, usize, Vec<u32>)>);
+type CohortRow = (usize, i64, i64, Vec<(usize, usize, u64)>);
 type Applied = (
     usize,
     usize,
@@ -468,8 +468,8 @@ impl IndexStore {
     /// `lists` `[(group, hashes)]` in the layouts' group order, `members` the cohort's table,
     /// `models` per spec model `(layout id in engine, cap, tokens hashed)`, `media_rank[medium id]`
     /// the order of non-GPU media. Returns per such node `(member index, gpu tokens, any tokens,
-    /// [(gpu blocks, blocks used, media ids)] per group)`; media ids `GPU_MEDIUM` and
-    /// `UNKNOWN_MEDIUM` as the module says.
+    /// [(gpu blocks, blocks used, media mask)] per group)`: bit `id` per medium id, and the bits
+    /// `GPU_MEDIUM` and `UNKNOWN_MEDIUM`; the caller keeps medium ids below `MEDIA_BITS`.
     fn route_cohort(
         &self,
         engine: PyRef<'_, HitEngine>,
@@ -627,7 +627,8 @@ fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Batch>()?;
     m.add_class::<MemberTable>()?;
     m.add_function(wrap_pyfunction!(parse_batch, m)?)?;
-    m.add("GPU_MEDIUM", route::GPU_ID)?;
-    m.add("UNKNOWN_MEDIUM", route::UNKNOWN)?;
+    m.add("GPU_MEDIUM", route::GPU_BIT)?;
+    m.add("UNKNOWN_MEDIUM", route::UNKNOWN_BIT)?;
+    m.add("MEDIA_BITS", route::MEDIA_BITS)?;
     Ok(())
 }

@@ -4,9 +4,11 @@
 //! the ones `processors/router/rows.py: node_row` applies to held-position sets (and `hit::find_hit`,
 //! `gpu/hit.py`'s); the router's benchmark checks both paths answer alike on every request.
 //!
-//! Per position of each list the store's inverted view gives the holding slots; a slot's owner
-//! and medium (`store::SlotMeta`) put a bit into that node's per-group bitsets (any medium, GPU,
-//! and per other medium). Nodes holding nothing cost nothing here.
+//! Per position of each list the store's inverted view gives the holding slots; a slot's member
+//! and medium class (cached with the member table while the store's slots stay the same) put a bit
+//! into that member's per-group bitsets. Nodes holding nothing cost nothing here.
+
+use std::sync::{Arc, Mutex};
 
 use foldhash::fast::RandomState;
 use hashbrown::HashMap;
@@ -14,9 +16,11 @@ use hashbrown::HashMap;
 use crate::hit::{find_hit, Held, Kind, Layout};
 use crate::store::Store;
 
-/// Media ids in answers: a slot's medium id, or these two.
-pub const GPU_ID: u32 = u32::MAX - 1;
-pub const UNKNOWN: u32 = u32::MAX;
+/// Media in answers: a mask with bit `id` for a slot's medium id (ids below `MEDIA_BITS`), and
+/// these two bits for GPU and for blocks on no medium known.
+pub const GPU_BIT: u64 = 1 << 62;
+pub const UNKNOWN_BIT: u64 = 1 << 63;
+pub const MEDIA_BITS: u32 = 62;
 
 /// A cohort's nodes: their owner keys (`store::SlotMeta::owner`) and which of the cohort's spec
 /// models each runs. Built once per cohort and kept by the caller while its nodes hold still.
@@ -24,6 +28,29 @@ pub struct Members {
     pub owners: Vec<u32>,
     pub models: Vec<u16>,
     by_owner: HashMap<u32, usize, RandomState>,
+    /// Per slot id of one store, which member and medium class it counts for, and the non-GPU
+    /// media those classes stand for; rebuilt when the store's slots change (`Store::slot_version`).
+    slots: Mutex<Option<Arc<SlotMap>>>,
+    /// The per-call bitsets, kept zeroed between calls (only touched members' parts are cleared
+    /// after use), so a call neither allocates nor clears them whole.
+    scratch: Mutex<Vec<u64>>,
+}
+
+/// A slot's member (`NOT_MEMBER` when it belongs to no node of the cohort, or is closed) and its
+/// medium class: 0 GPU, `c` ≥ 1 the medium `media[c - 1]`.
+#[derive(Clone, Copy)]
+struct SlotEntry {
+    member: u32,
+    class: u32,
+}
+
+const NOT_MEMBER: u32 = u32::MAX;
+
+struct SlotMap {
+    store: u64,
+    version: u64,
+    entries: Vec<SlotEntry>,
+    media: Vec<u16>,
 }
 
 impl Members {
@@ -37,7 +64,53 @@ impl Members {
             owners,
             models,
             by_owner,
+            slots: Mutex::new(None),
+            scratch: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The slot map for `store` as it is now: the cached one while no slot was opened or closed.
+    fn slot_map(&self, store: &Store) -> Arc<SlotMap> {
+        let mut cached = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = cached.as_ref() {
+            if m.store == store.serial() && m.version == store.slot_version() {
+                return m.clone();
+            }
+        }
+        let mut media: Vec<u16> = Vec::new();
+        let entries = (0..store.slot_capacity() as u32)
+            .map(|sid| {
+                let Some(meta) = store.meta(sid) else {
+                    return SlotEntry { member: NOT_MEMBER, class: 0 };
+                };
+                let Some(&m) = self.by_owner.get(&meta.owner) else {
+                    return SlotEntry { member: NOT_MEMBER, class: 0 };
+                };
+                let class = if meta.gpu {
+                    0
+                } else {
+                    match media.iter().position(|&id| id == meta.medium) {
+                        Some(at) => at + 1,
+                        None => {
+                            media.push(meta.medium);
+                            media.len()
+                        }
+                    }
+                };
+                SlotEntry {
+                    member: m as u32,
+                    class: class as u32,
+                }
+            })
+            .collect();
+        let map = Arc::new(SlotMap {
+            store: store.serial(),
+            version: store.slot_version(),
+            entries,
+            media,
+        });
+        *cached = Some(map.clone());
+        map
     }
 }
 
@@ -51,7 +124,7 @@ pub struct ModelArgs {
 pub struct GroupOut {
     pub gpu_blocks: usize,
     pub blocks: usize,
-    pub media: Vec<u32>,
+    pub media: u64,
 }
 
 pub struct NodeOut {
@@ -59,12 +132,6 @@ pub struct NodeOut {
     pub gpu_tokens: i64,
     pub any_tokens: i64,
     pub groups: Vec<GroupOut>,
-}
-
-struct Touch {
-    any: Vec<Vec<u64>>,
-    gpu: Vec<Vec<u64>>,
-    media: Vec<Vec<(u16, Vec<u64>)>>,
 }
 
 #[inline]
@@ -129,6 +196,10 @@ fn hit_on(
 /// `lists[k]` is group k's (group id, keys) in the layouts' group order; `media_rank[id]` orders
 /// the non-GPU media (the router lists them by name). Returns the nodes holding anything, in
 /// member order.
+///
+/// One pass over the (position, holding slot) pairs sets bits in one flat array: per member, per
+/// medium class, per group, a bitset over the group's positions. The slot → (member, class) map is
+/// kept with the member table, so a pair costs an array read and an OR.
 pub fn route_cohort(
     store: &Store,
     layouts: &[Layout],
@@ -152,133 +223,148 @@ pub fn route_cohort(
             ));
         }
     }
+    let map = members.slot_map(store);
+    if map.media.iter().any(|&id| id as u32 >= MEDIA_BITS) {
+        return Err(format!("a medium id past {MEDIA_BITS}: the caller reads media the reference way"));
+    }
+    let classes = 1 + map.media.len();
     let lens: Vec<usize> = lists.iter().map(|(_, keys)| keys.len()).collect();
     let words: Vec<usize> = lens.iter().map(|l| l.div_ceil(64).max(1)).collect();
-    // owner → member, on a fast hasher (owner keys are ours, not the network's)
-    let by_owner = &members.by_owner;
-    let mut touched: Vec<Option<Box<Touch>>> = (0..members.owners.len()).map(|_| None).collect();
-    // per slot id, its member (resolved on first sight): a slot is met once per position it holds
-    const UNSEEN: u32 = u32::MAX;
-    const NOT_MEMBER: u32 = u32::MAX - 1;
-    let mut member_of: Vec<u32> = vec![UNSEEN; store.slot_capacity()];
-    let mut meta_of: Vec<crate::store::SlotMeta> = vec![Default::default(); store.slot_capacity()];
+    // group k's bitset of (member m, class c) at `((m * classes + c) * per) + off[k]`
+    let mut off = Vec::with_capacity(groups);
+    let mut per = 0usize;
+    for &w in &words {
+        off.push(per);
+        per += w;
+    }
+    let nm = members.owners.len();
+    // a call that panicked may have left bits set: start that buffer afresh
+    let mut scratch = members.scratch.lock().unwrap_or_else(|e| {
+        let mut g = e.into_inner();
+        g.clear();
+        g
+    });
+    let bits: &mut Vec<u64> = &mut scratch;
+    if bits.len() != nm * classes * per {
+        bits.clear();
+        bits.resize(nm * classes * per, 0);
+    }
+    let mut touched = vec![0u64; nm.div_ceil(64)];
     for (k, (group, keys)) in lists.iter().enumerate() {
+        let base = off[k];
         store.for_each_held(*group, keys, |sid, i| {
-            let Some(seen) = member_of.get_mut(sid as usize) else {
-                return;
+            let Some(e) = map.entries.get(sid as usize) else {
+                return; // a slot opened after the map was made cannot be (the map is current)
             };
-            if *seen == UNSEEN {
-                *seen = match store.meta(sid) {
-                    Some(meta) => {
-                        meta_of[sid as usize] = meta;
-                        by_owner.get(&meta.owner).map_or(NOT_MEMBER, |&m| m as u32)
-                    }
-                    None => NOT_MEMBER,
-                };
-            }
-            if *seen == NOT_MEMBER {
+            if e.member == NOT_MEMBER {
                 return;
             }
-            let m = *seen as usize;
-            let meta = meta_of[sid as usize];
-            let t = touched[m].get_or_insert_with(|| {
-                Box::new(Touch {
-                    any: words.iter().map(|&n| vec![0; n]).collect(),
-                    gpu: words.iter().map(|&n| vec![0; n]).collect(),
-                    media: vec![Vec::new(); groups],
-                })
-            });
-            set(&mut t.any[k], i);
-            if meta.gpu {
-                set(&mut t.gpu[k], i);
-            } else {
-                let per = &mut t.media[k];
-                let at = match per.iter().position(|(id, _)| *id == meta.medium) {
-                    Some(at) => at,
-                    None => {
-                        per.push((meta.medium, vec![0; words[k]]));
-                        per.len() - 1
-                    }
-                };
-                set(&mut per[at].1, i);
-            }
+            let m = e.member as usize;
+            bits[(m * classes + e.class as usize) * per + base + (i >> 6)] |= 1 << (i & 63);
+            touched[m >> 6] |= 1 << (m & 63);
         });
     }
+    // the media classes in the router's order (by rank of the medium id)
+    let mut order: Vec<usize> = (1..classes).collect();
+    order.sort_by_key(|&c| media_rank.get(map.media[c - 1] as usize).copied().unwrap_or(u32::MAX));
+    let mut any: Vec<Vec<u64>> = words.iter().map(|&n| vec![0; n]).collect();
+    let mut gpu: Vec<Vec<u64>> = words.iter().map(|&n| vec![0; n]).collect();
     let mut out = Vec::new();
-    for (mi, t) in touched.iter_mut().enumerate() {
-        let Some(t) = t else { continue };
-        let m = &models[members.models[mi] as usize];
-        let layout = &layouts[m.layout];
-        let has_full = layout.spec_groups.iter().any(|sg| sg.kind == Kind::Full);
-        let (any_tokens, any_spans) = hit_on(layout, &t.any, &lens, m.cap, m.num_hashed);
-        // one search when the node holds nothing off GPU (the sets are equal); none when it holds
-        // nothing on GPU and the layout has full attention (its hit needs every block up to the
-        // hit: none held, no hit); the GPU spans are then never read
-        let (gpu_tokens, gpu_spans) = if t.media.iter().all(Vec::is_empty) {
-            (any_tokens, any_spans.clone())
-        } else if has_full && t.gpu.iter().all(|w| w.iter().all(|&x| x == 0)) {
-            (0, Vec::new())
-        } else {
-            hit_on(layout, &t.gpu, &lens, m.cap, m.num_hashed)
-        };
-        let mut per_group = Vec::with_capacity(groups);
-        for k in 0..groups {
-            let (s, e) = if any_tokens != 0 {
-                any_spans[k]
-            } else {
-                (0, 0)
+    for (tw, &word) in touched.iter().enumerate() {
+        let mut word = word;
+        while word != 0 {
+            let mi = tw * 64 + word.trailing_zeros() as usize;
+            word &= word - 1;
+            let at = |c: usize, k: usize| -> &[u64] {
+                let s = (mi * classes + c) * per + off[k];
+                &bits[s..s + words[k]]
             };
-            let gpu_blocks = if gpu_tokens != 0 {
-                gpu_spans[k].1 - gpu_spans[k].0.min(gpu_spans[k].1)
-            } else {
-                0
-            };
-            let used = e.saturating_sub(s);
-            let mut media = Vec::new();
-            if used > 0 {
-                // each used block's medium: GPU if there, else the first other medium (by rank)
-                // holding it, else unknown
-                let mut left = range_bits(words[k], s, e);
-                left.iter_mut().zip(&t.gpu[k]).for_each(|(a, b)| *a &= !b);
-                let mut n_left = ones(&left);
-                if n_left < used {
-                    media.push(GPU_ID);
-                }
-                let mut others: Vec<&(u16, Vec<u64>)> = t.media[k].iter().collect();
-                others.sort_by_key(|(id, _)| {
-                    media_rank.get(*id as usize).copied().unwrap_or(u32::MAX)
-                });
-                for (id, bits) in others {
-                    if n_left == 0 {
-                        break;
+            let mut off_gpu = false;
+            for k in 0..groups {
+                gpu[k].copy_from_slice(at(0, k));
+                any[k].copy_from_slice(at(0, k));
+                for c in 1..classes {
+                    for (a, b) in any[k].iter_mut().zip(at(c, k)) {
+                        off_gpu |= *b != 0;
+                        *a |= b;
                     }
-                    let found: usize = left
-                        .iter()
-                        .zip(bits)
-                        .map(|(a, b)| (a & b).count_ones() as usize)
-                        .sum();
-                    if found > 0 {
-                        media.push(*id as u32);
-                        left.iter_mut().zip(bits).for_each(|(a, b)| *a &= !b);
-                        n_left -= found;
-                    }
-                }
-                if n_left > 0 {
-                    media.push(UNKNOWN);
                 }
             }
-            per_group.push(GroupOut {
-                gpu_blocks,
-                blocks: used,
-                media,
+            let m = &models[members.models[mi] as usize];
+            let layout = &layouts[m.layout];
+            let has_full = layout.spec_groups.iter().any(|sg| sg.kind == Kind::Full);
+            let (any_tokens, any_spans) = hit_on(layout, &any, &lens, m.cap, m.num_hashed);
+            // one search when the node holds nothing off GPU (the sets are equal); none when it
+            // holds nothing on GPU and the layout has full attention (its hit needs every block up
+            // to the hit: none held, no hit); the GPU spans are then never read
+            let (gpu_tokens, gpu_spans) = if !off_gpu {
+                (any_tokens, any_spans.clone())
+            } else if has_full && gpu.iter().all(|w| w.iter().all(|&x| x == 0)) {
+                (0, Vec::new())
+            } else {
+                hit_on(layout, &gpu, &lens, m.cap, m.num_hashed)
+            };
+            let mut per_group = Vec::with_capacity(groups);
+            for k in 0..groups {
+                let (s, e) = if any_tokens != 0 { any_spans[k] } else { (0, 0) };
+                let gpu_blocks = if gpu_tokens != 0 {
+                    gpu_spans[k].1 - gpu_spans[k].0.min(gpu_spans[k].1)
+                } else {
+                    0
+                };
+                let used = e.saturating_sub(s);
+                let mut media = 0u64;
+                if used > 0 {
+                    // each used block's medium: GPU if there, else the first other medium (by
+                    // rank) holding it, else unknown
+                    let mut left = range_bits(words[k], s, e);
+                    left.iter_mut().zip(&gpu[k]).for_each(|(a, b)| *a &= !b);
+                    let mut n_left = ones(&left);
+                    if n_left < used {
+                        media |= GPU_BIT;
+                    }
+                    for &c in &order {
+                        if n_left == 0 {
+                            break;
+                        }
+                        let held = at(c, k);
+                        let found: usize = left
+                            .iter()
+                            .zip(held)
+                            .map(|(a, b)| (a & b).count_ones() as usize)
+                            .sum();
+                        if found > 0 {
+                            media |= 1 << map.media[c - 1];
+                            left.iter_mut().zip(held).for_each(|(a, b)| *a &= !b);
+                            n_left -= found;
+                        }
+                    }
+                    if n_left > 0 {
+                        media |= UNKNOWN_BIT;
+                    }
+                }
+                per_group.push(GroupOut {
+                    gpu_blocks,
+                    blocks: used,
+                    media,
+                });
+            }
+            out.push(NodeOut {
+                member: mi,
+                gpu_tokens,
+                any_tokens,
+                groups: per_group,
             });
         }
-        out.push(NodeOut {
-            member: mi,
-            gpu_tokens,
-            any_tokens,
-            groups: per_group,
-        });
+    }
+    // zero again what this call set (only touched members have bits), for the next call
+    for (tw, &word) in touched.iter().enumerate() {
+        let mut word = word;
+        while word != 0 {
+            let mi = tw * 64 + word.trailing_zeros() as usize;
+            word &= word - 1;
+            bits[mi * classes * per..(mi + 1) * classes * per].fill(0);
+        }
     }
     Ok(out)
 }

@@ -73,7 +73,12 @@ pub struct Store {
     free_spills: Vec<u32>,
     dups: HashMap<(u32, u64), u32, RandomState>,
     entries: usize,
+    serial: u64,
+    slot_version: u64,
 }
+
+/// Tells stores apart (a cache built on one store is never used with another).
+static SERIALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Default for Store {
     fn default() -> Self {
@@ -110,6 +115,7 @@ impl Store {
             free_spills,
             dups,
             entries,
+            ..
         } = self;
         let slot = match slots.get_mut(id as usize) {
             Some(s) if s.live => s,
@@ -140,7 +146,19 @@ impl Store {
             free_spills: Vec::new(),
             dups: HashMap::with_hasher(RandomState::default()),
             entries: 0,
+            serial: SERIALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            slot_version: 0,
         }
+    }
+
+    /// This store's identity among the process's stores.
+    pub fn serial(&self) -> u64 {
+        self.serial
+    }
+
+    /// Changes whenever a slot is opened or closed (what caches of slot metadata key on).
+    pub fn slot_version(&self) -> u64 {
+        self.slot_version
     }
 
     /// A new empty slot of `group`; ids of closed slots are reused.
@@ -153,6 +171,7 @@ impl Store {
             blocks: HashTable::new(),
         };
         self.groups.entry(group).or_insert_with(HashTable::new);
+        self.slot_version += 1;
         if let Some(id) = self.free.pop() {
             self.slots[id as usize] = slot;
             return Ok(id);
@@ -349,6 +368,7 @@ impl Store {
         slot.extra = 0;
         slot.blocks = HashTable::new();
         free.push(id);
+        self.slot_version += 1;
         sort_blocks(&mut all);
         Ok((
             all.iter().map(|b| b.key).collect(),

@@ -12,20 +12,20 @@ router's benchmark routes every request on both and checks the answers equal.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
-from kvpipe.processors.index import GPU, Index, NodeState
+from kvpipe.processors.index import Index, NodeState
 from kvpipe.processors.route_hma import NodeModel
 from kvpipe.processors.router.hits import HitSearch, kvpipe_native
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.processors.router.model import PREFIX_PER_GROUP, Load, NodeRoute, RouteRequest, Scoring
-from kvpipe.processors.router.rows import Zero, liveness, score
+from kvpipe.processors.router.rows import TIER, Zero, liveness, penalty
 
 Member = tuple[NodeState, NodeModel]
-# per touched member: (member index, gpu tokens, any tokens, [(gpu blocks, blocks used, media ids)])
-Touched = dict[int, tuple[int, int, list[tuple[int, int, list[int]]]]]
+# per touched member: (member index, gpu tokens, any tokens, [(gpu blocks, blocks used, media mask)])
+Touched = dict[int, tuple[int, int, list[tuple[int, int, int]]]]
 
 
 def cohort_hits(index: Index, search: HitSearch, lists: dict[int, list], members: Sequence[Member],
@@ -33,8 +33,8 @@ def cohort_hits(index: Index, search: HitSearch, lists: dict[int, list], members
     """The touched members' answers, or None when this cohort takes the per-node path."""
     store = index.store
     if (req.semantics == PREFIX_PER_GROUP or store.kind != "native" or search.native_engine is None
-            or store.media_overflow or not members):  # type: ignore[union-attr]
-        return None
+            or len(store.media) >= kvpipe_native.MEDIA_BITS or not members):  # type: ignore[union-attr]
+        return None  # (media past the answer's mask bits: read the reference way)
     groups = tuple(g for g in members[0][1].groups if g in lists)
     if not groups:
         return None
@@ -96,21 +96,49 @@ def _native_args(search: HitSearch, model: NodeModel, groups: tuple[int, ...], l
     return layout.id, cap, hashed
 
 
-def touched_row(z: Zero, node: NodeState, answer: tuple[int, int, list[tuple[int, int, list[int]]]], media: list[str],
-                scoring: Scoring, load: Load, now: float, stale_after_s: float | None) -> NodeRoute:
-    """`rows.node_row` of a node the native call answered (its exactness and state are the
-    cohort's `Zero` shape: the same rules, run once per model)."""
-    gpu_tokens, any_tokens, per_group = answer
-    state, state_reason = liveness(node, z.state, z.state_reason, now, stale_after_s)
-    groups = []
-    for g, (gpu_blocks, blocks, ids) in zip(z.groups, per_group):
-        names = [GPU if i == kvpipe_native.GPU_MEDIUM else "?" if i == kvpipe_native.UNKNOWN_MEDIUM else media[i]
-                 for i in ids]
-        groups.append(msgspec.structs.replace(g, gpu_blocks=gpu_blocks, blocks=blocks,
-                                              medium="+".join(sorted(names, key=lambda m: (m != GPU, m))) or "none"))
-    loadable = any_tokens - gpu_tokens
+# A touched node's row before it is built: its rank (`decide._rank` of the row), then what the
+# row needs. Ranking first lets a route that shows few rows build only those (`decide.route_local`).
+Light = tuple  # (rank, node, zero shape, state, state reason, gpu tokens, loadable, per group, load, score)
+
+
+def touched_light(out: list[Light], zero: dict[int, Zero], shape: Callable[[NodeState, NodeModel], Zero],
+                  members: Sequence[Member], touched: Touched, scoring: Scoring, loads: Mapping[str, Load],
+                  no_load: Load, now: float, stale_after_s: float | None) -> None:
+    """`rows.node_row`'s values for each node the native call answered, ranked, appended to `out`
+    (exactness and state are the cohort's `Zero` shape per model: the same rules, run once per
+    model). `build_row` makes the row."""
+    # `rows.score` term by term in its order (the same floats), with the load term once per
+    # distinct load and the cap once per model
+    ow, cw = scoring.overlap_weight, scoring.cpu_weight
+    penalties: dict[int, float] = {}
+    shapes: dict[int, tuple[Zero, int]] = {}
+    for m, (gpu_tokens, any_tokens, per_group) in touched.items():
+        node, model = members[m]
+        got = shapes.get(id(model))
+        if got is None:
+            z = zero.get(id(model))
+            if z is None:
+                z = zero[id(model)] = shape(node, model)
+            got = shapes[id(model)] = (z, max((z.num_tokens or 0) - 1, 1))
+        z, cap = got
+        state, state_reason = liveness(node, z.state, z.state_reason, now, stale_after_s)
+        load = loads.get(node.node_id, no_load)
+        pen = penalties.get(id(load))
+        if pen is None:
+            pen = penalties[id(load)] = penalty(load, 0, scoring)
+        loadable = any_tokens - gpu_tokens
+        sc = round(ow * (gpu_tokens + cw * loadable) / cap - pen, 9)
+        out.append(((TIER[state], -sc, -gpu_tokens, -loadable, node.node_id), node, z, state, state_reason,
+                    gpu_tokens, loadable, per_group, load, sc))
+
+
+def build_row(light: Light, names: Callable[[int], str]) -> NodeRoute:
+    """The row of a `touched_light` entry; `names`: a media mask as the router's medium string
+    (`slots.NativeStore.media_names`)."""
+    _, node, z, state, state_reason, gpu_tokens, loadable, per_group, load, sc = light
+    replace = msgspec.structs.replace
+    groups = [replace(g, gpu_blocks=gpu_blocks, blocks=blocks, medium=names(mask))
+              for g, (gpu_blocks, blocks, mask) in zip(z.groups, per_group)]
     return NodeRoute(node_id=node.node_id, epoch=node.epoch, model=node.model, dp_rank=node.dp_rank, state=state,
                      state_reason=state_reason, gpu_tokens=gpu_tokens, loadable_tokens=loadable, groups=groups,
-                     exact=z.exact, reason=z.reason or None,
-                     score=round(score(gpu_tokens, loadable, z.num_tokens, load, 0, scoring), 9), speculative=False,
-                     load=Load(load.running, load.waiting, load.kv_usage))
+                     exact=z.exact, reason=z.reason or None, score=sc, speculative=False, load=load)

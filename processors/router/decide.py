@@ -50,14 +50,14 @@ import hashlib
 import math
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
 from kvpipe.processors.index import Index, NodeState
 from kvpipe.processors.route_hma import NodeModel, at_units, held_positions
 from kvpipe.processors.router.hashing import PromptHasher, layout_mismatch
-from kvpipe.processors.router.cohort import cohort_hits, touched_row
+from kvpipe.processors.router.cohort import Light, build_row, cohort_hits, touched_light
 from kvpipe.processors.router.hits import Engine, HitSearch, Job
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.processors.router.plan import Plan, label, plan
@@ -124,16 +124,14 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
     zeros = _Zeros(req.include_zero or scoring.temperature > 0, rows, scoring, loads, now, stale_after_s)
     search = search or _default_search()
     deferred: list[tuple[list, set[int], dict[int, Zero], Lists]] = []  # native cohorts' zero nodes
+    light: list[Light] = []  # native cohorts' rows, ranked, built at the end (only those shown)
     for lists, members in cohorts.values():
         zero: dict[int, Zero] = {}  # by id(model): models outlive this call, so ids are not reused here
         # the common cohort in one native call (`router.cohort`): only nodes holding blocks answer
         touched = cohort_hits(index, search, lists, members, req, checked.num_tokens, inflight)
         if touched is not None:
-            for m, answer in touched.items():
-                node, model = members[m]
-                z = _shape(zero, node, model, lists, checked.num_tokens, req)
-                rows.append(touched_row(z, node, answer, index.store.media, scoring,  # type: ignore[union-attr]
-                                        loads.get(node.node_id, _NO_LOAD), now, stale_after_s))
+            touched_light(light, zero, lambda node, model: zero_shape(node, model, lists, checked.num_tokens, req),
+                          members, touched, scoring, loads, _NO_LOAD, now, stale_after_s)
             deferred.append((members, set(touched), zero, lists))
             continue
         held = held_positions(index, lists)
@@ -151,7 +149,7 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
                 if p.any_sets != p.gpu_sets:
                     jobs.append(Job(model, p.groups, p.lens, p.any_sets, p.cap))
             pending.append(p)
-    if deferred and (zeros.every or not _zero_cannot_win(rows, scoring, loads)):
+    if deferred and (zeros.every or not _zero_cannot_win(rows, light, scoring, loads)):
         for members, touched_set, zero, lists in deferred:
             for m, (node, model) in enumerate(members):
                 if m not in touched_set:
@@ -164,8 +162,10 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
             no_signal.append(NoSignal(p.node.node_id, row, "specs"))
             continue
         rows.append(row)
+    if light:
+        _build_light(rows, light, req, scoring, index.store.media_names)  # type: ignore[union-attr]
     rows.sort(key=_rank)
-    models = {n.model for n, _ in eligible}
+    models = planned.models
     return RouteAnswer(
         chosen=None, semantics=req.semantics,
         model=req.model if req.model is not None else (next(iter(models)) if len(models) == 1 else None),
@@ -208,7 +208,31 @@ def _shape(cache: dict[int, Zero], node: NodeState, model: NodeModel, lists: Lis
     return z
 
 
-def _zero_cannot_win(rows: list[NodeRoute], s: Scoring, loads: Mapping[str, Load]) -> bool:
+def _build_light(rows: list[NodeRoute], light: list[Light], req: RouteRequest, scoring: Scoring,
+                 names: Callable[[int], str]) -> None:
+    """Build the rows of `light` into `rows`: all of them, or, when the answer shows at most
+    `top_k` rows and the choice is the best-ranked row, only those this worker's part can
+    contribute — its best-ranked row (the choice, if it wins across workers) and its first
+    `top_k` rows with a hit (`finish` shows rows with a hit or chosen, the first `top_k`). No
+    worker's dropped row could be shown, so the finished answer is unchanged."""
+    if req.top_k is None or scoring.temperature > 0 or req.include_zero:
+        rows.extend(build_row(x, names) for x in light)
+        return
+    ranked = sorted([(_rank(r), r) for r in rows] + [(x[0], x) for x in light], key=lambda p: p[0])
+    kept: list[NodeRoute] = []
+    hits = 0
+    for i, (_, r) in enumerate(ranked):
+        built = isinstance(r, NodeRoute)
+        has = bool(r.gpu_tokens or r.loadable_tokens) if built else bool(r[5] or r[6])
+        if i == 0 or (has and hits < req.top_k):
+            kept.append(r if built else build_row(r, names))
+        hits += has
+        if hits >= req.top_k:
+            break
+    rows[:] = kept
+
+
+def _zero_cannot_win(rows: list[NodeRoute], light: list[Light], s: Scoring, loads: Mapping[str, Load]) -> bool:
     """Whether a row already outranks every node holding nothing, so none of those needs a rank: a
     live row with a positive score beats them when their score cannot be positive (load weights
     >= 0 and loads known to be >= 0: none given, or the index's, which refuses negative ones)."""
@@ -216,7 +240,7 @@ def _zero_cannot_win(rows: list[NodeRoute], s: Scoring, loads: Mapping[str, Load
         return False
     if loads and not getattr(loads, "nonnegative", False):
         return False
-    return any(r.score > 0 and _TIER[r.state] == 0 for r in rows)
+    return any(r.score > 0 and _TIER[r.state] == 0 for r in rows) or any(x[9] > 0 and x[0][0] == 0 for x in light)
 
 
 def finish(answers: Sequence[RouteAnswer], req: RouteRequest, *, inflight: InFlight | None = None,

@@ -41,6 +41,7 @@ class Plan(NamedTuple):
     eligible: list[Member]  # in node id order
     by_config: dict[tuple, ConfigNodes]  # token-id routes: eligible nodes with a usable configuration
     config_problems: list[NoSignal]  # token-id routes: eligible nodes whose hashes cannot be computed
+    models: set[str | None]  # the eligible nodes' models (a node's model change moves the generation)
 
 
 def plan(index: Index, model: str | None) -> Plan:
@@ -88,7 +89,8 @@ def _make(index: Index, model: str | None) -> Plan:
         if cohort is None:
             cohort = per.cohorts[key] = Cohort(specs, fine, [])
         cohort.members.append((node, m))
-    return Plan(index.generation, model, no_signal, eligible, by_config, config_problems)
+    return Plan(index.generation, model, no_signal, eligible, by_config, config_problems,
+                {n.model for n, _ in eligible})
 
 
 def label(cfg: HashConfig) -> str:

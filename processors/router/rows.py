@@ -27,9 +27,13 @@ def score(gpu_tokens: int, loadable_tokens: int, num_tokens: int | None, load: L
     """The formula of `kvpipe.processors.router.decide`'s docstring."""
     cap = max((num_tokens or 0) - 1, 1)
     benefit = s.overlap_weight * (gpu_tokens + s.cpu_weight * loadable_tokens) / cap
-    penalty = (s.running_weight * load.running + s.waiting_weight * (load.waiting + in_flight)
-               + s.kv_usage_weight * load.kv_usage)
-    return benefit - penalty
+    return benefit - penalty(load, in_flight, s)
+
+
+def penalty(load: Load, in_flight: int, s: Scoring) -> float:
+    """`score`'s load term (callers scoring many rows compute it once per load)."""
+    return (s.running_weight * load.running + s.waiting_weight * (load.waiting + in_flight)
+            + s.kv_usage_weight * load.kv_usage)
 
 
 class Pending:

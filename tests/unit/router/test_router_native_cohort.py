@@ -24,7 +24,7 @@ class Loads(dict):
 @pytest.mark.parametrize("seed", range(6))
 def test_native_cohorts_answer_as_the_per_node_path(seed, monkeypatch):
     rng = random.Random(seed)
-    index, docs = bench.build(24, 6, 512, 2, 1 + seed % 2, rng)
+    index, docs = bench.build(24, 6, 512, 2, 1 + seed % 2, rng, windows=1 + seed % 3 // 2)
     nodes = sorted(index.nodes)
     for n in rng.sample(nodes, 3):
         index.nodes[n].mark_suspect("test")
@@ -44,7 +44,8 @@ def test_native_cohorts_answer_as_the_per_node_path(seed, monkeypatch):
     native, python = HitSearch("native"), HitSearch("python")
     for tokens in bench.prompts(docs, 12, rng):
         for req in (RouteRequest(token_ids=tokens), RouteRequest(token_ids=tokens, include_zero=True),
-                    RouteRequest(token_ids=tokens, top_k=2),
+                    RouteRequest(token_ids=tokens, top_k=1), RouteRequest(token_ids=tokens, top_k=2),
+                    RouteRequest(token_ids=tokens, top_k=5, include_zero=True),
                     RouteRequest(token_ids=tokens, scoring=Scoring(temperature=0.5, seed=seed)),
                     RouteRequest(token_ids=tokens, scoring=Scoring(waiting_weight=0.5))):
             for given in (loads, heavy, None):
@@ -52,3 +53,30 @@ def test_native_cohorts_answer_as_the_per_node_path(seed, monkeypatch):
                 b = decide.route(index, req, loads=given, now=5.0, stale_after_s=3.0 + seed, search=python)
                 assert (a.chosen, a.nodes, a.no_signal) == (b.chosen, b.nodes, b.no_signal)
     assert any(used) and not all(used[i] for i in range(1, len(used), 2))  # native taken; python never
+
+
+def test_a_top_k_answer_builds_only_the_rows_it_can_show(monkeypatch):
+    """Ranked first, built after: with `top_k` and no sampling the native path builds the best row
+    and the first `top_k` rows with a hit, not one row per node holding blocks."""
+    rng = random.Random(7)
+    index, docs = bench.build(48, 4, 512, 2, 1, rng, windows=2)
+    built = []
+    real = cohort.build_row
+
+    def spy(*args, **kw):
+        built.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(decide, "build_row", spy)
+    native, python = HitSearch("native"), HitSearch("python")
+    for tokens in bench.prompts(docs, 6, rng):
+        full = decide.route(index, RouteRequest(token_ids=tokens), now=5.0, search=native)
+        many = len(built)
+        built.clear()
+        req = RouteRequest(token_ids=tokens, top_k=2)
+        a = decide.route(index, req, now=5.0, search=native)
+        b = decide.route(index, req, now=5.0, search=python)
+        assert (a.chosen, a.nodes) == (b.chosen, b.nodes)
+        assert many > 3 and len(built) <= 3, (many, len(built))  # 24 nodes hold each document here
+        assert a.nodes == full.nodes[:2]
+        built.clear()
