@@ -61,6 +61,54 @@ impl Held<'_> {
     fn has(&self, i: usize) -> bool {
         i < self.len && (self.bits[i >> 6] >> (i & 63)) & 1 == 1
     }
+
+    /// How many positions from `from` up (below `limit`, itself at most `len`) are held in a row.
+    #[inline]
+    fn ones_up(&self, from: usize, limit: usize) -> usize {
+        let mut i = from;
+        while i < limit {
+            let shift = i & 63;
+            let run = (!(self.bits[i >> 6] >> shift)).trailing_zeros() as usize;
+            let run = run.min(64 - shift);
+            i += run;
+            if run < 64 - shift {
+                break;
+            }
+        }
+        i.min(limit) - from
+    }
+
+    /// How many positions below `end` (at most `len`) are held in a row, at most `cap`.
+    #[inline]
+    fn ones_down(&self, end: usize, cap: usize) -> usize {
+        let mut i = end;
+        while i > 0 && end - i < cap {
+            let top = (i - 1) & 63; // the highest bit to read in this word
+            let w = self.bits[(i - 1) >> 6] << (63 - top); // bit i-1 now at 63
+            let run = ((!w).leading_zeros() as usize).min(top + 1);
+            i -= run;
+            if run < top + 1 {
+                break;
+            }
+        }
+        (end - i).min(cap)
+    }
+
+    /// How many positions below `end` (at most `len`) are not held, in a row.
+    #[inline]
+    fn zeros_down(&self, end: usize) -> usize {
+        let mut i = end;
+        while i > 0 {
+            let top = (i - 1) & 63;
+            let w = self.bits[(i - 1) >> 6] << (63 - top);
+            let run = (w.leading_zeros() as usize).min(top + 1);
+            i -= run;
+            if run < top + 1 {
+                break;
+            }
+        }
+        end - i
+    }
 }
 
 fn cdiv(a: i64, b: i64) -> i64 {
@@ -105,7 +153,11 @@ fn find_full(
         0
     };
     let limit = count(fdiv(max_length, bs), n_blocks);
-    let mut found = 0usize;
+    let mut found = if k == 1 {
+        held.ones_up(0, limit)
+    } else {
+        0
+    };
     while found < limit && held.has(found * k + k - 1) {
         found += 1;
     }
@@ -145,7 +197,26 @@ fn find_sliding(
     let aligned_only = bs != alignment;
     let mut run = 0usize;
     let mut found: Option<Found> = None;
-    for i in (0..n).rev() {
+    if !aligned_only {
+        // runs a word at a time, from the right: ones, then the zeros below them
+        let need = need.max(1) as usize;
+        let mut i = n;
+        while i > 0 {
+            let ones = held.ones_down(i, need - run);
+            run += ones;
+            i -= ones;
+            if run >= need {
+                found = Some(Found::new(i, i + run));
+                break;
+            }
+            if i == 0 {
+                break;
+            }
+            run = 0;
+            i -= held.zeros_down(i);
+        }
+    }
+    for i in (0..if aligned_only { n } else { 0 }).rev() {
         if run == 0 && aligned_only {
             // A run may only end (at its right) on an aligned boundary.
             let right = if drop_eagle { i } else { i + 1 } as i64;

@@ -139,12 +139,13 @@ fn set(bits: &mut [u64], i: usize) {
     bits[i >> 6] |= 1 << (i & 63);
 }
 
-fn range_bits(words: usize, start: usize, end: usize) -> Vec<u64> {
-    let mut w = vec![0u64; words];
+/// `w` set to `words` words with bits `start..end` on.
+fn range_bits(w: &mut Vec<u64>, words: usize, start: usize, end: usize) {
+    w.clear();
+    w.resize(words, 0);
     for i in start..end {
-        set(&mut w, i);
+        set(w, i);
     }
-    w
 }
 
 fn ones(bits: &[u64]) -> usize {
@@ -160,9 +161,15 @@ fn hit_on(
     cap: i64,
     num_hashed: i64,
 ) -> (i64, Vec<(usize, usize)>) {
-    let mut words: Vec<Vec<u64>> = Vec::with_capacity(layout.spec_groups.len());
-    let mut views = Vec::with_capacity(layout.spec_groups.len());
+    // a spec group of one member reads that member's set as it is (bits past its length are
+    // never set); several members' sets are intersected over the shortest list
+    let mut words: Vec<Vec<u64>> = Vec::new();
+    let mut at: Vec<Option<usize>> = Vec::with_capacity(layout.spec_groups.len());
     for sg in &layout.spec_groups {
+        if sg.members.len() == 1 {
+            at.push(None);
+            continue;
+        }
         let len = sg.members.iter().map(|&m| lens[m]).min().unwrap_or(0);
         let n = len.div_ceil(64).max(1);
         let mut w = vec![u64::MAX; n];
@@ -175,13 +182,23 @@ fn hit_on(
         } else if len == 0 {
             w[0] = 0;
         }
+        at.push(Some(words.len()));
         words.push(w);
-        views.push(len);
     }
-    let held: Vec<Held> = words
+    let held: Vec<Held> = layout
+        .spec_groups
         .iter()
-        .zip(&views)
-        .map(|(w, &len)| Held { bits: w, len })
+        .zip(&at)
+        .map(|(sg, a)| match a {
+            None => Held {
+                bits: &sets[sg.members[0]],
+                len: lens[sg.members[0]],
+            },
+            Some(i) => Held {
+                bits: &words[*i],
+                len: sg.members.iter().map(|&m| lens[m]).min().unwrap_or(0),
+            },
+        })
         .collect();
     let (found, hit) = find_hit(layout, &held, cap, num_hashed);
     let mut spans = vec![(0usize, 0usize); layout.groups];
@@ -269,6 +286,7 @@ pub fn route_cohort(
     order.sort_by_key(|&c| media_rank.get(map.media[c - 1] as usize).copied().unwrap_or(u32::MAX));
     let mut any: Vec<Vec<u64>> = words.iter().map(|&n| vec![0; n]).collect();
     let mut gpu: Vec<Vec<u64>> = words.iter().map(|&n| vec![0; n]).collect();
+    let mut left: Vec<u64> = Vec::new();
     let mut out = Vec::new();
     for (tw, &word) in touched.iter().enumerate() {
         let mut word = word;
@@ -317,7 +335,7 @@ pub fn route_cohort(
                 if used > 0 {
                     // each used block's medium: GPU if there, else the first other medium (by
                     // rank) holding it, else unknown
-                    let mut left = range_bits(words[k], s, e);
+                    range_bits(&mut left, words[k], s, e);
                     left.iter_mut().zip(&gpu[k]).for_each(|(a, b)| *a &= !b);
                     let mut n_left = ones(&left);
                     if n_left < used {

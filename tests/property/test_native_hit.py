@@ -26,13 +26,13 @@ if not hits.native_available():
 
 
 @st.composite
-def spec(draw, unit: int) -> KVSpec:
+def spec(draw, unit: int, scale: int = 1) -> KVSpec:
     bs = unit * draw(st.sampled_from([1, 1, 2, 4]))
     kind = draw(st.sampled_from(["full", "full", "sliding", "mamba", "chunked", "cross"]))
     if kind == "full":
         return FullAttention(bs)
     if kind == "sliding":
-        return SlidingWindow(bs, sliding_window=draw(st.integers(1, 6 * bs)))
+        return SlidingWindow(bs, sliding_window=draw(st.integers(1, 6 * scale * bs)))
     if kind == "mamba":
         return Mamba(bs, mode=draw(st.sampled_from(["align", "align", "align", "none"])))
     if kind == "chunked":
@@ -52,9 +52,10 @@ def held(draw, n: int) -> set[int]:
 
 
 @st.composite
-def node_job(draw) -> Job:
+def node_job(draw, scale: int = 1) -> Job:
+    """`scale` > 1: lists and windows that many times longer (runs across 64-position words)."""
     unit = draw(st.sampled_from([2, 4]))
-    pool = draw(st.lists(spec(unit), min_size=1, max_size=3))  # drawing from a pool merges equal specs
+    pool = draw(st.lists(spec(unit, scale), min_size=1, max_size=3))  # drawing from a pool merges equal specs
     if draw(st.integers(0, 3)) == 0:  # partial hits at the hash unit: Mamba above the unit, full attention
         pool += [Mamba(unit * 4), FullAttention(unit * draw(st.sampled_from([1, 2, 4])))]
     specs = tuple(draw(st.lists(st.sampled_from(pool), min_size=1, max_size=4)))
@@ -63,7 +64,7 @@ def node_job(draw) -> Job:
     alignment = default_alignment(specs, unit)
     model = NodeLayout(tuple(range(n)), specs, unit, alignment, partial_hits_enabled(specs, unit), eagle)
     groups = tuple(g for g in range(n) if draw(st.booleans()) or g == 0)
-    num_tokens = draw(st.integers(1, 40 * unit))
+    num_tokens = draw(st.integers(1, 40 * scale * unit))
     lens = []
     for g in groups:
         natural = num_tokens // model.list_unit(g)
@@ -82,6 +83,13 @@ def test_native_search_equals_the_reference(jobs: list[Job]) -> None:
     assert native.search(jobs) == want
     # the layouts are now cached natively: a second call answers the same
     assert native.search(jobs[::-1]) == want[::-1]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(node_job(scale=12), min_size=1, max_size=3))
+def test_native_search_equals_the_reference_on_long_lists(jobs: list[Job]) -> None:
+    """Lists of hundreds of positions: the native finders read runs a 64-bit word at a time."""
+    assert HitSearch("native").search(jobs) == HitSearch("python").search(jobs)
 
 
 def test_the_engines_differ_only_in_speed_on_a_hybrid_node() -> None:
