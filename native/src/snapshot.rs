@@ -228,9 +228,7 @@ impl<'a> Reader<'a> {
                 Some(v) => Ok(v as f64),
                 None => {
                     self.pos -= 1;
-                    Err(self.fail(&format!(
-                        "a store time must be a float (marker 0x{m:02x})"
-                    )))
+                    Err(self.fail(&format!("a store time must be a float (marker 0x{m:02x})")))
                 }
             },
         }
@@ -253,7 +251,9 @@ impl<'a> Reader<'a> {
         // every item takes at least a byte: a length past the record's end is a broken record,
         // refused before anything is allocated for it
         if n > self.data.len() - self.pos {
-            return Err(self.fail(&format!("{what} claims {n} items, more than the record holds")));
+            return Err(self.fail(&format!(
+                "{what} claims {n} items, more than the record holds"
+            )));
         }
         Ok(n)
     }
