@@ -235,3 +235,35 @@ def test_a_broken_slot_record_makes_the_restore_rebuild_from_the_log(monkeypatch
     d = asyncio.run(restore())
     assert d.stats["restore_errors"] == 1 and d.pending_seek[0] == 0
     assert d.ingest.index.nodes == {} and d.ingest.index.store.entries() == 0
+
+
+def test_without_the_extension_the_python_walk_writes_and_reads(monkeypatch):
+    nodes = [("n", 0, [(1.0, [BlockStored(block_hashes=[1, 2, 2, b"xy"], parent_block_hash=None, token_ids=[],
+                                          block_size=16, lora_id=None, medium="CPU", lora_name=None, group_idx=1)])])]
+    source = build("python", nodes)
+    with_native = export_partition(source, 0, 2)
+    monkeypatch.setattr(slots, "kvpipe_native", None)
+    assert not snapshot.native_snapshots_available()
+    assert export_partition(source, 0, 2) == with_native  # the dict store is always written by the walk
+    read = [decode_chunk(c) for c in with_native[0]]
+    assert [p.__class__ for c in read for n in c.nodes for p in n.slots] == [SlotSnap]
+    restored = Index(store="python")
+    assert import_chunks(restored, 0, read) == 3
+    assert contents(restored) == contents(source)
+
+
+@pytest.mark.parametrize("chunk_bytes", [snapshot.CHUNK_BYTES, 2_000_000])
+def test_a_big_slot_with_many_copies_is_written_as_the_reference_writes_it(chunk_bytes):
+    """Past 65,535 entries a piece's arrays take msgpack's 32-bit length form; past 15 copies the
+    copies' map its 16-bit form."""
+    hashes = list(range(2**40, 2**40 + 70_000)) + list(range(2**40, 2**40 + 20))
+    nodes = [("n", 0, [(1.0, [BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=[], block_size=16,
+                                          lora_id=None, medium="GPU", lora_name=None, group_idx=0)])])]
+    index = build("native", nodes)
+    native = export_partition(index, 0, 4, chunk_bytes=chunk_bytes, native=True)
+    assert native == export_partition(index, 0, 4, chunk_bytes=chunk_bytes, native=False)
+    assert (len(native[0]) == 1) == (chunk_bytes == 2_000_000)
+    for kind in slots.STORES:
+        restored = Index(store=kind)
+        assert import_chunks(restored, 0, [decode_chunk(c) for c in native[0]]) == 70_000
+        assert contents(restored) == contents(index)
