@@ -10,6 +10,11 @@ The manifest is written last, so a manifest always describes a complete generati
 the middle leaves chunks without a manifest, which restore ignores. Chunk keys carry the generation
 so a new snapshot never overwrites (and compaction never deletes) the chunks of the one before it
 until the new manifest is acknowledged; then the old chunks are tombstoned (`durability`).
+
+On the native store (`processors/slots.py: NativeStore`) slot records are written and read by the
+extension (native/src/snapshot.rs) as the very bytes msgspec writes for a `SlotSnap`, spliced into
+the chunk as `msgspec.Raw`: no Python object per entry either way, and the format stays 1. The
+walk below in Python stays the reference (the dict store, or the extension not built).
 """
 from __future__ import annotations
 
@@ -17,11 +22,13 @@ import math
 
 import msgspec
 
+from kvpipe.processors import slots as _slots
 from kvpipe.processors.index import Index, NodeState
 from kvpipe.schemas.envelope import GroupSpec, HashConfig
 from kvpipe.schemas.events import ExternalHash
 
 CHUNK_BYTES = 512 * 1024  # below Kafka's default 1 MB message limit, with headroom
+_NODE_BYTES = 256  # what a node's header is taken to cost in a chunk
 FORMAT = 1
 
 
@@ -76,8 +83,50 @@ class Manifest(msgspec.Struct):
     blocks: int
 
 
+class SlotBytes:
+    """One slot piece kept as its encoded `SlotSnap` (what `decode_chunk` gives when the native
+    reader is built). It was checked whole at decode, so a broken record fails there like any
+    other undecodable chunk; a native store loads it from the bytes, the Python store and readers
+    of its fields decode it with msgspec (the reference)."""
+
+    __slots__ = ("raw", "group", "medium", "entries")
+
+    def __init__(self, raw: msgspec.Raw, group: int, medium: str, entries: int) -> None:
+        self.raw, self.group, self.medium, self.entries = raw, group, medium, entries
+
+    def snap(self) -> SlotSnap:
+        return _slot_decoder.decode(self.raw)
+
+    @property
+    def hashes(self) -> list[ExternalHash]:
+        return self.snap().hashes
+
+    @property
+    def stored_ts(self) -> list[float]:
+        return self.snap().stored_ts
+
+    @property
+    def dups(self) -> dict[ExternalHash, int]:
+        return self.snap().dups
+
+    def __repr__(self) -> str:
+        return f"SlotBytes(group={self.group}, medium={self.medium!r}, entries={self.entries})"
+
+
+# NodeSnap/Chunk with each slot left as its bytes: derived from NodeSnap so the two cannot drift
+_SLOTS_AT = NodeSnap.__struct_fields__.index("slots")
+_NodeSnapRaw = msgspec.defstruct(
+    "_NodeSnapRaw",
+    [(f.name, list[msgspec.Raw] if f.name == "slots" else f.type)
+     if f.required else (f.name, f.type, f.default) for f in msgspec.structs.fields(NodeSnap)],
+    array_like=True, gc=False)
+_ChunkRaw = msgspec.defstruct(
+    "_ChunkRaw", [("partition", int), ("gen", int), ("idx", int), ("nodes", list[_NodeSnapRaw])], gc=False)
+
 _encoder = msgspec.msgpack.Encoder()
 _chunk_decoder = msgspec.msgpack.Decoder(Chunk)
+_raw_chunk_decoder = msgspec.msgpack.Decoder(_ChunkRaw)
+_slot_decoder = msgspec.msgpack.Decoder(SlotSnap)
 _manifest_decoder = msgspec.msgpack.Decoder(Manifest)
 
 
@@ -109,12 +158,34 @@ def _hash_bytes(h: ExternalHash) -> int:
     return 9 if h.__class__ is int else len(h) + 2
 
 
-def export_partition(index: Index, partition: int, gen: int, chunk_bytes: int = CHUNK_BYTES) -> tuple[list[bytes], int, int]:
+def native_snapshots_available() -> bool:
+    """Whether the extension writes and reads slot records (native/src/snapshot.rs)."""
+    return _slots.kvpipe_native is not None and hasattr(_slots.kvpipe_native, "read_slot_head")
+
+
+def _native_core(index: Index, native: bool | None) -> object | None:
+    """The native store's core when slot records go through the extension, else None."""
+    store = index.store
+    usable = isinstance(store, _slots.NativeStore) and hasattr(store.core, "snapshot_slot")
+    if native and not usable:
+        raise RuntimeError("native snapshots need the native index store with native/src/snapshot.rs built")
+    return store.core if usable and native is not False else None
+
+
+def export_partition(index: Index, partition: int, gen: int, chunk_bytes: int = CHUNK_BYTES,
+                     native: bool | None = None) -> tuple[list[bytes], int, int]:
     """The partition's nodes as encoded chunks; returns `(chunks, nodes, blocks)`.
 
     Runs synchronously between two messages of the agent, so the slice is consistent with the
-    partition's applied offset at the moment of the call.
+    partition's applied offset at the moment of the call. `native`: write slot records with the
+    extension (None: when the store is native and the extension has it; False: the Python walk,
+    the reference, byte for byte the same output).
     """
+    if chunk_bytes <= _NODE_BYTES:  # no room for an entry after a node's header: the walk would never end
+        raise ValueError(f"chunk_bytes must exceed {_NODE_BYTES}, got {chunk_bytes}")
+    core = _native_core(index, native)
+    if core is not None:
+        return _export_native(index, core, partition, gen, chunk_bytes)
     chunks: list[bytes] = []
     current: list[NodeSnap] = []
     size = 0
@@ -132,7 +203,7 @@ def export_partition(index: Index, partition: int, gen: int, chunk_bytes: int = 
         nodes += 1
         header = _node_header(node, [])
         current.append(header)
-        size += 256
+        size += _NODE_BYTES
         for slot in node.slots.values():
             entries = slot.blocks.items()  # one read: keys and times in one order
             hashes = [h for h, _ in entries]
@@ -155,11 +226,66 @@ def export_partition(index: Index, partition: int, gen: int, chunk_bytes: int = 
                 flush()  # the chunk is full: the rest of this slot goes on in the next chunk
                 header = _node_header(node, [])
                 current.append(header)
-                size = 256
+                size = _NODE_BYTES
         if size >= chunk_bytes:
             flush()
     flush()
     return chunks, nodes, blocks
+
+
+def _export_native(index: Index, core, partition: int, gen: int, chunk_bytes: int) -> tuple[list[bytes], int, int]:
+    """`export_partition`'s walk with each slot written by the extension: the same pieces (the
+    chunk sizing of the Python walk, with every hash a 64-bit int: `_ENTRY` bytes an entry), so
+    the same bytes."""
+    chunks: list[bytes] = []
+    current: list[NodeSnap] = []
+    size = 0
+    nodes = blocks = 0
+
+    def flush() -> None:
+        nonlocal current, size
+        if current:
+            chunks.append(_encoder.encode(Chunk(partition, gen, len(chunks), current)))
+            current, size = [], 0
+
+    for node in index.nodes.values():
+        if node.partition != partition:
+            continue
+        nodes += 1
+        header = _node_header(node, [])
+        current.append(header)
+        size += _NODE_BYTES
+        for slot in node.slots.values():
+            n = core.slot_len(slot.sid)
+            blocks += n
+            # cut the slot where the Python walk would: a piece takes entries while its chunk has room
+            cuts, headers, start = [0], [header], 0
+            while True:
+                room = chunk_bytes - size
+                take = min(n - start, -(-room // _ENTRY)) if room > 0 else 0
+                start += take
+                size = chunk_bytes - (room - take * _ENTRY)
+                cuts.append(start)
+                if start >= n:
+                    break
+                header = _node_header(node, [])
+                headers.append(header)
+                size = _NODE_BYTES
+            pieces = core.snapshot_slot(slot.sid, slot.group, slot.medium, cuts)
+            headers[0].slots.append(msgspec.Raw(pieces[0]))
+            last_size = size
+            for piece, head in zip(pieces[1:], headers[1:]):
+                flush()  # the chunk is full: the rest of this slot goes on in the next chunk
+                head.slots.append(msgspec.Raw(piece))
+                current.append(head)
+            size = last_size
+        if size >= chunk_bytes:
+            flush()
+    flush()
+    return chunks, nodes, blocks
+
+
+_ENTRY = 18  # a 64-bit hash and a float64 with their markers (`_hash_bytes` of an int + 9)
 
 
 def encode_manifest(manifest: Manifest) -> bytes:
@@ -170,15 +296,37 @@ def decode_manifest(data: bytes) -> Manifest:
     return _manifest_decoder.decode(data)
 
 
-def decode_chunk(data: bytes) -> Chunk:
-    return _chunk_decoder.decode(data)
+def decode_chunk(data: bytes, native: bool | None = None) -> Chunk:
+    """A chunk read back. With the native reader (`native` None: when built) each slot stays its
+    bytes (`SlotBytes`), checked whole here, so a broken slot record raises `msgspec.DecodeError`
+    saying where, as msgspec does for the rest of the chunk."""
+    if native is None:
+        native = native_snapshots_available()
+    if not native:
+        return _chunk_decoder.decode(data)
+    raw = _raw_chunk_decoder.decode(data)
+    out: list[NodeSnap] = []
+    for node in raw.nodes:
+        pieces = []
+        for i, piece in enumerate(node.slots):
+            try:
+                group, medium, entries = _slots.kvpipe_native.read_slot_head(piece)
+            except ValueError as exc:
+                raise msgspec.DecodeError(f"snapshot chunk {raw.partition}/{raw.gen}/{raw.idx}, node {node.node_id!r}, "
+                                          f"slot piece {i}: {exc}") from None
+            pieces.append(SlotBytes(piece, group, medium, entries))
+        fields = msgspec.structs.astuple(node)
+        out.append(NodeSnap(*fields[:_SLOTS_AT], pieces, *fields[_SLOTS_AT + 1:]))
+    return Chunk(raw.partition, raw.gen, raw.idx, out)
 
 
 def import_chunks(index: Index, partition: int, chunks: list[Chunk], max_ts: float = math.inf) -> int:
     """Load a generation's chunks into the index (the partition's old nodes must be dropped
     first); returns the number of blocks loaded. Node times past `max_ts` (the trusted clock plus
     the allowed skew) are clamped to it: a snapshot never brings back a poisoned clock, even one
-    written before timestamps were bounded at ingest."""
+    written before timestamps were bounded at ingest. Slots read as bytes (`SlotBytes`) go
+    straight into a native store."""
+    core = _native_core(index, None)
     loaded = 0
     for chunk in chunks:
         for snap in chunk.nodes:
@@ -196,6 +344,11 @@ def import_chunks(index: Index, partition: int, chunks: list[Chunk], max_ts: flo
                     index.note_expired(node)
             for piece in snap.slots:
                 slot = index.slot(node, piece.group, piece.medium)
+                if piece.__class__ is SlotBytes:
+                    if core is not None:  # straight from the bytes into the store
+                        loaded += core.load_snapshot(slot.sid, piece.raw)
+                        continue
+                    piece = piece.snap()
                 index.add_slot_entries(slot, dict(zip(piece.hashes, piece.stored_ts)), piece.dups)
                 loaded += len(piece.hashes)
     return loaded

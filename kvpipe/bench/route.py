@@ -26,6 +26,7 @@ from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_c
 from kvpipe.gpu.hit import ViewCache, sliding_blocks_needed
 from kvpipe.processors import slots
 from kvpipe.processors.index import Index
+from kvpipe.bench import snapshot as snapshot_bench
 from kvpipe.bench.route_dynamo import MISSING as DYNAMO_MISSING
 from kvpipe.bench.route_dynamo import build as build_dynamo
 from kvpipe.bench.route_dynamo import find as find_dynamo
@@ -106,11 +107,12 @@ def index_of(envelopes: list[tuple[Envelope, list[BlockStored]]], store: slots.S
     return index
 
 
-def stores(envelopes: list[tuple[Envelope, list[BlockStored]]]) -> dict[str, Any]:
+def stores(envelopes: list[tuple[Envelope, list[BlockStored]]], snapshots: bool = False) -> dict[str, Any]:
     """Both block stores on the same fleet, one after the other: bytes per (block × holder) entry
     (the native store's own count of its tables at their allocated size, and for both what
     tracemalloc saw the index allocate: the native tables are not Python allocations, so its traced
-    figure is the Python side only) and the apply rate of the fleet's block events."""
+    figure is the Python side only) and the apply rate of the fleet's block events; with `snapshots`,
+    each store's snapshot export and import timed per path (`kvpipe.bench.snapshot`)."""
     events = sum(len(ev.block_hashes) for _, evs in envelopes for ev in evs)
     out: dict[str, Any] = {"block_events": events}
     for kind in [k for k in slots.STORES if k == "python" or slots.native_available()]:
@@ -130,6 +132,8 @@ def stores(envelopes: list[tuple[Envelope, list[BlockStored]]]) -> dict[str, Any
             row["bytes_per_entry"] = round((own + traced) / max(entries, 1), 1)
         else:
             row["bytes_per_entry"] = row["python_traced_bytes_per_entry"]
+        if snapshots:  # after tracemalloc stopped: it would slow the Python paths many times over
+            row["snapshot"] = snapshot_bench.times(index)
         out[kind] = row
         del index
     if "native" in out:
@@ -160,7 +164,7 @@ def _rows(answer: RouteAnswer) -> tuple:
 
 def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_tokens: int = 2048,
         per_node: int = 8, configs: int = 1, seed: int = 0, dynamo: bool = True,
-        compare_stores: bool = True, windows: int = 1) -> dict[str, Any]:
+        compare_stores: bool = True, windows: int = 1, snapshots: bool = False) -> dict[str, Any]:
     """Time `requests` token-id routes over `nodes` nodes; `configs` = 1 or 2 distinct hash
     configurations among the nodes (2: the prompt is hashed twice per request). Every request is
     routed on each hit search engine in turn (order alternating), their answers checked equal,
@@ -172,7 +176,7 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     envelopes, docs = fleet(nodes, documents, prompt_tokens, per_node, configs, rng, windows)
     index = index_of(envelopes)
     build_s = time.perf_counter() - t0
-    store_cmp = stores(envelopes) if compare_stores else None
+    store_cmp = stores(envelopes, snapshots) if compare_stores else None
     engines = ["native", "python"] if native_available() else ["python"]
     searches = {e: HitSearch(e) for e in engines}  # type: ignore[arg-type]
     timed: dict[str, dict[str, list[float]]] = {e: {"hashing": [], "search": [], "total": []} for e in engines}

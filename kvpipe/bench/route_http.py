@@ -132,11 +132,13 @@ def _over_http(args: SimpleNamespace) -> dict[str, Any]:
               help="skip Dynamo's RadixTree baseline even when ai-dynamo-runtime is installed")
 @click.option("--in-process-only", is_flag=True, help="skip the HTTP part (no broker needed)")
 @click.option("--keep-topics", is_flag=True, help="leave the bench topics on the broker")
+@click.option("--snapshots", is_flag=True,
+              help="also time one partition's snapshot export and import per store (native and Python paths)")
 def route_bench(**params: Any) -> dict[str, Any]:
     args = SimpleNamespace(**params)
     local = bench.run(nodes=args.nodes, requests=args.requests, documents=args.documents,
                       prompt_tokens=args.prompt_tokens, per_node=args.per_node, configs=args.configs, seed=args.seed,
-                      dynamo=not args.no_dynamo, windows=args.windows)
+                      dynamo=not args.no_dynamo, windows=args.windows, snapshots=args.snapshots)
     local_rate = 1e6 / local["route_total"]["mean_us"]
     out: dict[str, Any] = {"bench": "route", "unit": "routes/s (sequential, token ids)",
                            "baseline": round(local_rate, 1), "in_process": local}

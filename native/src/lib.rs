@@ -6,6 +6,7 @@
 pub mod batch;
 pub mod hit;
 pub mod route;
+pub mod snapshot;
 pub mod store;
 
 use hit::{find_hit, Held, Kind, Layout, SpecGroup};
@@ -524,6 +525,25 @@ impl IndexStore {
     fn memory_bytes(&self) -> usize {
         self.inner.memory_bytes()
     }
+
+    /// Slot `slot`'s snapshot records (`snapshot::write_slot`): one msgpack `SlotSnap` per piece,
+    /// piece `i` holding its entries `cuts[i]..cuts[i + 1]` in (store time, key) order.
+    fn snapshot_slot<'py>(
+        &self,
+        py: Python<'py>,
+        slot: u32,
+        group: u64,
+        medium: &str,
+        cuts: Vec<usize>,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let pieces = snapshot::write_slot(&self.inner, slot, group, medium, &cuts).map_err(err)?;
+        Ok(pieces.iter().map(|p| PyBytes::new(py, p)).collect())
+    }
+
+    /// Load one snapshot record (any bytes-like object) into slot `slot`; returns its entries.
+    fn load_snapshot(&mut self, slot: u32, data: &Bound<'_, PyAny>) -> PyResult<usize> {
+        with_buffer(data, |d| snapshot::load_slot(&mut self.inner, slot, d)).map_err(err)
+    }
 }
 
 impl IndexStore {
@@ -620,6 +640,32 @@ fn parse_batch(data: &[u8]) -> Option<Batch> {
     batch::parse(data).map(|parsed| Batch { parsed })
 }
 
+/// A snapshot record checked whole without keeping its entries: `(group, medium, entries)`, or
+/// ValueError saying where it is broken (`snapshot::read_slot`).
+#[pyfunction]
+fn read_slot_head(data: &Bound<'_, PyAny>) -> PyResult<(i128, String, usize)> {
+    let rec = with_buffer(data, |d| snapshot::read_slot(d, false)).map_err(err)?;
+    Ok((rec.group, rec.medium, rec.entries))
+}
+
+/// Run `f` on the bytes of a bytes-like object (bytes, msgspec.Raw, memoryview) without a copy.
+fn with_buffer<T>(
+    obj: &Bound<'_, PyAny>,
+    f: impl FnOnce(&[u8]) -> Result<T, String>,
+) -> Result<T, String> {
+    if let Ok(b) = obj.downcast::<PyBytes>() {
+        return f(b.as_bytes());
+    }
+    let buf = pyo3::buffer::PyBuffer::<u8>::get(obj).map_err(|e| e.to_string())?;
+    if !buf.is_c_contiguous() {
+        return Err("a snapshot record must be a contiguous buffer".into());
+    }
+    // SAFETY: a C-contiguous buffer of `len_bytes` bytes, held (and so kept alive and unmoved)
+    // by `buf` for the call; nothing here writes to it.
+    let d = unsafe { std::slice::from_raw_parts(buf.buf_ptr() as *const u8, buf.len_bytes()) };
+    f(d)
+}
+
 #[pymodule]
 fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HitEngine>()?;
@@ -627,6 +673,7 @@ fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Batch>()?;
     m.add_class::<MemberTable>()?;
     m.add_function(wrap_pyfunction!(parse_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(read_slot_head, m)?)?;
     m.add("GPU_MEDIUM", route::GPU_BIT)?;
     m.add("UNKNOWN_MEDIUM", route::UNKNOWN_BIT)?;
     m.add("MEDIA_BITS", route::MEDIA_BITS)?;

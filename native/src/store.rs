@@ -397,6 +397,8 @@ impl Store {
             entries,
             ..
         } = self.parts(id)?;
+        // a restore loads a slot in few large pieces: one allocation instead of growing step by step
+        slot.blocks.reserve(keys.len(), |b| hkey(rs, b.key));
         for (&k, &t) in keys.iter().zip(ts) {
             let h = hkey(rs, k);
             match slot.blocks.find_mut(h, |b| b.key == k) {

@@ -84,7 +84,7 @@ BENCH_FLAGS = {
     "analytics": ["--envelopes", "--events", "--nodes", "--partitions", "--probes", "--queries-rows",
                   "--capacity-events", "--report-steps", "--capacity-only"],
     "route": ["--nodes", "--requests", "--warmup", "--documents", "--prompt-tokens", "--per-node", "--configs",
-              "--partitions", "--seed", "--no-dynamo", "--in-process-only", "--keep-topics"],
+              "--partitions", "--seed", "--no-dynamo", "--in-process-only", "--keep-topics", "--snapshots"],
     "fuzz": ["--inputs", "--seed", "--node-flood", "--oversize-live"],
 }
 

@@ -31,6 +31,23 @@ def test_kvpipe_bench_route_is_registered_and_runs_in_process_without_a_broker()
     assert out["in_process"]["hashing"]["p50_us"] > 0 and "http" not in out
 
 
+def test_the_snapshot_block_times_each_path_and_checks_them():
+    from kvpipe.bench.route_http import run as bench_route
+    from kvpipe.processors.snapshot import native_snapshots_available
+
+    out = bench_route(["--in-process-only", "--snapshots", "--nodes", "6", "--requests", "2", "--documents", "2",
+                       "--prompt-tokens", "256", "--per-node", "2", "--no-dynamo"])
+    stores = out["in_process"]["stores"]
+    entries = stores["python"]["entries"]
+    assert entries > 0 and stores["python"]["snapshot"]["entries"] == entries
+    assert stores["python"]["snapshot"]["python"]["chunks"] >= 1
+    if native_snapshots_available():
+        snap = stores["native"]["snapshot"]
+        assert snap["same_bytes"] is True and snap["entries"] == entries
+        assert snap["native"]["bytes"] == snap["python"]["bytes"] == stores["python"]["snapshot"]["python"]["bytes"]
+        assert snap["native"]["import_s"] > 0 and snap["export_python_over_native"] > 0
+
+
 def test_kvpipe_route_reads_token_ids_as_a_json_list_or_whitespace_separated():
     from kvpipe.processors.cli import read_tokens
 
