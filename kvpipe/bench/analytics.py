@@ -21,6 +21,10 @@ In one run, on a fresh topic pre-filled with N envelopes of E events each:
   Kafka, Faust or writer thread (`pipeline_insert`: decode + index apply + rows + re-store tracking +
   the same conversions and inserts), rows/s over the same row count — what the app could reach if
   its machinery cost nothing. `baseline` leaves out the decode/apply/row work the app must do.
+- lifetimes_path: that per-message path without any store, lifetimes as rows (the reference) and as
+  columns (the app's), side by side on the workload and on one with long prompts (more evictions per
+  message): lifetimes/s and messages/s each (`kvpipe.bench.analytics_lifetimes`); `--lifetimes-only`
+  runs just this part (no Kafka, no store).
 value = app rows/s; ratio = value / baseline (target >= 0.8); ratio_pipeline = value / baseline_pipeline.
 """
 from __future__ import annotations
@@ -299,12 +303,22 @@ def capacity_part(events: int, report_steps: int) -> dict:
 @click.option("--report-steps", type=int, default=20_000, show_default=True,
               help="workload steps in the report's store")
 @click.option("--capacity-only", is_flag=True, help="only the capacity and report timings")
+@click.option("--lifetimes-steps", type=int, default=4000, show_default=True,
+              help="workload steps of the rows-vs-columns lifetimes block (0: skip; long prompts: half)")
+@click.option("--lifetimes-only", is_flag=True, help="only the rows-vs-columns lifetimes block")
 def analytics_bench(**params: Any) -> dict:
     args = SimpleNamespace(**params)
+    lifetimes = lifetimes_part(args.lifetimes_steps) if args.lifetimes_steps else None
+    if args.lifetimes_only:
+        return {"bench": "analytics", "value": lifetimes and lifetimes["serving_steps"]["columns"]["lifetimes_per_s"],
+                "unit": "lifetimes/s through the pure path as columns", "baseline": lifetimes
+                and lifetimes["serving_steps"]["rows"]["lifetimes_per_s"], "ratio": lifetimes
+                and lifetimes["serving_steps"]["speedup"], "lifetimes_path": lifetimes}
     capacity = capacity_part(args.capacity_events, args.report_steps) if args.capacity_events else None
     if args.capacity_only:
         return {"bench": "analytics", "value": capacity and round(capacity["events"] / max(capacity["tracker_s"], 1e-9)),
-                "unit": "events/s through the re-store tracker", "baseline": None, "ratio": None, "capacity": capacity}
+                "unit": "events/s through the re-store tracker", "baseline": None, "ratio": None, "capacity": capacity,
+                "lifetimes_path": lifetimes}
     settings = load_settings()
     bootstrap = settings.bootstrap()
     tag = uuid.uuid4().hex[:8]
@@ -380,7 +394,15 @@ def analytics_bench(**params: Any) -> dict:
         "heavy_query_statuses": sorted(set(heavy.statuses)),
         "saved_query_latency": queries if queries is not None else "not requested (--queries-rows N)",
         "capacity": capacity,
+        "lifetimes_path": lifetimes,
     }
+
+
+def lifetimes_part(steps: int) -> dict:
+    from kvpipe.bench.analytics_lifetimes import lifetimes_path
+
+    return {"serving_steps": lifetimes_path(steps),
+            "serving_steps_long_prompts": lifetimes_path(steps // 2, blocks_per_prompt=64, gpu_blocks=512)}
 
 
 def run(argv: list[str]) -> dict | int:

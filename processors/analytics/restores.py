@@ -108,6 +108,16 @@ def refine_reason_columns(env: Envelope | None, cols: LifetimeColumns) -> None:
                        else r for r, i, e in zip(reason, cols.idx, cols.epoch)]
 
 
+def _end_reasons(cols: LifetimeColumns) -> list[str]:
+    """Per row `end_reason or reason`, the reason `_end` records."""
+    reasons = cols.end_reason
+    if reasons is None:
+        return cols.reason
+    if "" in reasons:
+        return [e or r for e, r in zip(reasons, cols.reason)]
+    return reasons
+
+
 class Slot:
     """One (node, group, medium): its store stack, the hashes whose last lifetime there ended, and how many
     blocks it holds. `partition`: the events partition of the node (whose owner keeps this state)."""
@@ -218,42 +228,45 @@ class RestoreTracker:
                          kinds: Mapping[int, tuple[str, int]]) -> list[RestoreRow]:
         """`observe` with the lifetimes as columns: the same walk in event order. Each end still takes
         a few dict operations on its slot's state, one row at a time (an end changes what the next store
-        of the message sees), but reads the columns in place: no row object, one slot lookup per run of
-        ends in one slot."""
+        of the message sees), but reads the columns in place, without a row object or a call per end."""
         idxs = cols.idx
         if idxs != sorted(idxs):  # not in event order (see observe): stable, like sorting the rows
             cols = cols.take(sorted(range(len(idxs)), key=idxs.__getitem__))
             idxs = cols.idx
+        nodes, groups, media, hashes, removed = cols.node_id, cols.group_idx, cols.medium, cols.block_hash, cols.removed_ts
+        reasons = _end_reasons(cols)
+        slots = self.slots
         out: list[RestoreRow] = []
         j, n_ends = 0, len(idxs)
         for idx, ev in enumerate(events):
-            if j < n_ends and idxs[j] <= idx:
-                k = j + 1
-                while k < n_ends and idxs[k] <= idx:
-                    k += 1
-                self._end_columns(cols, j, k)
-                j = k
+            while j < n_ends and idxs[j] <= idx:  # `_end` of row j, inlined
+                slot = slots.get((nodes[j], groups[j], media[j]))
+                if slot is not None:
+                    h = hashes[j]
+                    if h in slot.stack._last:  # noqa: SLF001 - see _end
+                        ended = slot.ended
+                        ended[h] = (removed[j], reasons[j])
+                        if len(ended) > slot.prune_at:
+                            slot.prune()
+                    if slot.held:
+                        slot.held -= 1
+                j += 1
             if ev.__class__ is BlockStored:
                 self._stored(env, ev, idx, partition, offset, kinds, out)
         if j < n_ends:
-            self._end_columns(cols, j, n_ends)
+            self._end_columns(cols, reasons, j, n_ends)
         self.restores += len(out)
         return out
 
-    def _end_columns(self, cols: LifetimeColumns, start: int, stop: int) -> None:
-        """`_end` for rows `start:stop` of the columns."""
+    def _end_columns(self, cols: LifetimeColumns, reasons: list[str], start: int, stop: int) -> None:
+        """`_end` for rows `start:stop` of the columns (`reasons`: `_end_reasons(cols)`)."""
         slots = self.slots
         nodes, groups, media, hashes, removed = cols.node_id, cols.group_idx, cols.medium, cols.block_hash, cols.removed_ts
-        reasons = cols.end_reason
-        if reasons is None:
-            reasons = cols.reason
-        elif "" in reasons:  # `end_reason or reason`, as _end reads a row
-            reasons = [e or r for e, r in zip(reasons, cols.reason)]
         key: SlotKey | None = None
         slot: Slot | None = None
         for i in range(start, stop):
             k = (nodes[i], groups[i], media[i])
-            if k != key:
+            if k != key:  # ends outside a message come slot by slot (`Index._close_slots`)
                 key, slot = k, slots.get(k)
             if slot is None:  # never stored here: nothing to come back to
                 continue
@@ -269,7 +282,7 @@ class RestoreTracker:
     def end_all(self, lifetimes: list[LifetimeRow] | LifetimeColumns) -> None:
         """Lifetimes ended outside a message (a node expiry by the timer)."""
         if lifetimes.__class__ is LifetimeColumns:
-            self._end_columns(lifetimes, 0, len(lifetimes))  # type: ignore[arg-type]
+            self._end_columns(lifetimes, _end_reasons(lifetimes), 0, len(lifetimes))  # type: ignore[arg-type]
             return
         for lt in lifetimes:
             self._end(lt)
