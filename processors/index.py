@@ -153,7 +153,8 @@ class Index:
 
     # -- ingest ------------------------------------------------------------------------------------
 
-    def apply(self, env: Envelope, events: list[Event] | Any, partition: int = 0, offset: int = -1) -> tuple[str, Closed]:
+    def apply(self, env: Envelope, events: list[Event] | Any, partition: int = 0,
+              offset: int = -1) -> tuple[str, Closed]:
         """Apply one envelope; returns `(APPLIED | DUPLICATE | STALE, closed lifetimes)` (rows or columns, as
         `lifetimes` chose). `events`: the decoded events, or the batch the native side read
         (`slots.parse_batch`; native store only)."""
@@ -338,11 +339,12 @@ class Index:
         self.ended += len(keys)
         if keys and self._columns:
             # per row its slot's group and medium: one lookup per distinct slot, then a C-level map
-            slots = {sid: by_sid(sid) for sid in set(sids)}
-            if len(slots) == 1:
-                (slot,) = slots.values()
-                groups, media = [slot.group] * len(keys), [slot.medium] * len(keys)
+            n = len(sids)
+            if sids.count(sids[0]) == n:
+                slot = by_sid(sids[0])
+                groups, media = [slot.group] * n, [slot.medium] * n
             else:
+                slots = {sid: by_sid(sid) for sid in set(sids)}
                 groups = list(map({sid: s.group for sid, s in slots.items()}.__getitem__, sids))
                 media = list(map({sid: s.medium for sid, s in slots.items()}.__getitem__, sids))
             closed.add_run(node.node_id, node.epoch, groups, media, keys, times, ts, REASON_EVICTED, partition, offset,

@@ -39,9 +39,9 @@ def encoded_workload(steps: int, **workload: Any) -> list[bytes]:
     return out
 
 
-def run_once(mode: str, messages: list[bytes], batch_rows: int, max_bytes: int) -> dict:
+def run_once(mode: str, messages: list[bytes], batch_rows: int, max_bytes: int, capacity: bool = True) -> dict:
     index = Index(ttl_s=None, lifetimes=mode)
-    ingest, tracker = Ingest(index, max_bytes), RestoreTracker()
+    ingest, tracker = Ingest(index, max_bytes), RestoreTracker() if capacity else None
     columns = mode == "columns"
     events = EventColumns()
     pending: Any = LifetimeColumns() if columns else []
@@ -82,7 +82,7 @@ def run_once(mode: str, messages: list[bytes], batch_rows: int, max_bytes: int) 
 
 
 def lifetimes_path(steps: int, repeats: int = 3, batch_rows: int = 5000, max_bytes: int = 8 << 20,
-                   **workload: Any) -> dict:
+                   capacity: bool = True, **workload: Any) -> dict:
     """lifetimes/s and messages/s of the pure path per mode (see the module doc)."""
     messages = encoded_workload(steps, **workload)
     best: dict[str, dict] = {}
@@ -92,7 +92,7 @@ def lifetimes_path(steps: int, repeats: int = 3, batch_rows: int = 5000, max_byt
     try:
         for _ in range(repeats):
             for mode in MODES:
-                got = run_once(mode, messages, batch_rows, max_bytes)
+                got = run_once(mode, messages, batch_rows, max_bytes, capacity)
                 total = got["agent_s"] + got["writer_s"]
                 if mode not in best or total < best[mode]["agent_s"] + best[mode]["writer_s"]:
                     best[mode] = got
@@ -104,7 +104,8 @@ def lifetimes_path(steps: int, repeats: int = 3, batch_rows: int = 5000, max_byt
         raise RuntimeError(f"the two paths disagree: rows {rows} columns {cols}")
     out: dict[str, Any] = {"messages": len(messages), "lifetimes": rows["lifetimes"], "restores": rows["restores"],
                            "lifetimes_per_message": round(rows["lifetimes"] / max(1, len(messages)), 2),
-                           "workload": {"steps": steps, **workload}, "repeats": repeats}
+                           "workload": {"steps": steps, **workload}, "capacity_tracking": capacity,
+                           "repeats": repeats}
     for mode, got in best.items():
         total = got["agent_s"] + got["writer_s"]
         out[mode] = {"lifetimes_per_s": round(got["lifetimes"] / total), "messages_per_s": round(len(messages) / total),

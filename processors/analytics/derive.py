@@ -35,8 +35,9 @@ def message_rows(result: Result, partition: int, offset: int, index: Index, trac
     env = result.env
     kinds = node_kinds(index, env.node_id, env)
     if result.lifetimes.__class__ is LifetimeColumns:
-        refine_reason_columns(env, result.lifetimes)
-        lifecols.set_group_kinds(result.lifetimes, lambda _node: kinds)  # the message's kinds for every row, as above
+        if len(result.lifetimes):  # most messages end none
+            refine_reason_columns(env, result.lifetimes)
+            lifecols.set_group_kinds(result.lifetimes, lambda _node: kinds)  # the message's kinds for every row
     else:  # the reference: one row object at a time
         refine_reasons(env, result.lifetimes)
         for lt in result.lifetimes:

@@ -14,6 +14,7 @@ lifetimes; until a step sets one it is None, meaning the row default (0, "", "")
 from __future__ import annotations
 
 from itertools import repeat
+from operator import sub
 from typing import Callable, Iterable, Mapping
 
 from kvpipe.processors.analytics.rows import U32_MASK, LifetimeRow
@@ -119,13 +120,28 @@ class LifetimeColumns:
         return [LifetimeRow(*values) for values in zip(*self.columns())]
 
     def extend(self, other: "LifetimeColumns") -> None:
-        """Append `other`'s rows (derived columns made concrete on this side)."""
-        n = len(self.block_hash)
-        for name, default in DERIVED_DEFAULTS:
-            if getattr(self, name) is None:
-                setattr(self, name, [default] * n)
-        for name in FIELDS:
-            getattr(self, name).extend(other.column(name))
+        """Append `other`'s rows (derived columns made concrete on this side). Unrolled: the sink's
+        writer calls it once per message."""
+        if self.copy_idx is None or self.group_kind is None or self.end_reason is None:
+            n = len(self.block_hash)
+            for name, default in DERIVED_DEFAULTS:
+                if getattr(self, name) is None:
+                    setattr(self, name, [default] * n)
+        self.node_id += other.node_id
+        self.epoch += other.epoch
+        self.group_idx += other.group_idx
+        self.medium += other.medium
+        self.block_hash += other.block_hash
+        self.stored_ts += other.stored_ts
+        self.removed_ts += other.removed_ts
+        self.reason += other.reason
+        self.partition += other.partition
+        self.offset += other.offset
+        self.idx += other.idx
+        n = len(other.block_hash)
+        self.copy_idx += [0] * n if other.copy_idx is None else other.copy_idx  # type: ignore[operator]
+        self.group_kind += [""] * n if other.group_kind is None else other.group_kind  # type: ignore[operator]
+        self.end_reason += [""] * n if other.end_reason is None else other.end_reason  # type: ignore[operator]
 
     def __getitem__(self, rows: slice) -> "LifetimeColumns":
         return LifetimeColumns.of(c[rows] for c in self.columns())
@@ -142,28 +158,31 @@ class LifetimeColumns:
                                   for c in (getattr(self, name) for name in FIELDS))
 
     def insert_columns(self) -> list[list]:
-        """Column-oriented data in LIFETIME_COLUMNS order: `rows.lifetime_columns(self.rows())`."""
-        stored = self.stored_ts
-        removed = self.removed_ts
-        reason = self.reason
+        """Column-oriented data in LIFETIME_COLUMNS order: `rows.lifetime_columns(self.rows())`, with
+        the per-row arithmetic done by C-level maps where the values allow."""
+        stored, removed, reason, idx = self.stored_ts, self.removed_ts, self.reason, self.idx
         end_reason = self.end_reason
+        # times repeat (a message's blocks share its ts): each distinct one converted once (rows._us)
+        stored_us = {t: round(t * 1_000_000) for t in set(stored)}
+        removed_us = {t: round(t * 1_000_000) for t in set(removed)}
         return [
             self.node_id,
             self.epoch,
             self.group_idx,
             self.medium,
             self.block_hash,
-            [round(t * 1_000_000) for t in stored],  # rows._us
-            [round(t * 1_000_000) for t in removed],
-            [r - s for r, s in zip(removed, stored)],
+            list(map(stored_us.__getitem__, stored)),
+            list(map(removed_us.__getitem__, removed)),
+            list(map(sub, removed, stored)),
             reason,
             self.partition,
             self.offset,
             # UInt32 event_idx: -1 as 2^32-1 (rows.lifetime_columns says why)
-            [i & U32_MASK for i in self.idx],
+            [i & U32_MASK for i in idx] if idx and min(idx) < 0 else idx,
             self.column("copy_idx"),
             self.column("group_kind"),
-            reason if end_reason is None else [e or r for e, r in zip(end_reason, reason)],
+            reason if end_reason is None else end_reason if "" not in end_reason
+            else [e or r for e, r in zip(end_reason, reason)],
         ]
 
 
@@ -174,13 +193,19 @@ class LifetimeColumns:
 def set_group_kinds(cols: LifetimeColumns, kinds_of: Callable[[str], Mapping[int, tuple[str, int]]]) -> None:
     """`group_kind` per row from its node's specs (`kinds_of(node_id)`: group → (kind, block size))."""
     nodes = cols.node_id
-    if not nodes:
+    n = len(nodes)
+    if not n:
         cols.group_kind = []
         return
     first = nodes[0]
-    if nodes.count(first) == len(nodes):  # the usual case: one message's node, one mapping
-        kind = {g: k for g, (k, _) in kinds_of(first).items()}
-        cols.group_kind = list(map(kind.get, cols.group_idx, repeat("")))
+    if nodes.count(first) == n:  # the usual case: one message's node, one mapping
+        kinds = kinds_of(first)
+        groups = cols.group_idx
+        if groups.count(groups[0]) == n:
+            cols.group_kind = [kinds.get(groups[0], ("", 0))[0]] * n
+        else:
+            kind = {g: k for g, (k, _) in kinds.items()}
+            cols.group_kind = list(map(kind.get, groups, repeat("")))
         return
     per_node = {node: {g: k for g, (k, _) in kinds_of(node).items()} for node in set(nodes)}
     cols.group_kind = [per_node[n].get(g, "") for n, g in zip(nodes, cols.group_idx)]
@@ -188,8 +213,12 @@ def set_group_kinds(cols: LifetimeColumns, kinds_of: Callable[[str], Mapping[int
 
 def number_copies(cols: LifetimeColumns) -> None:
     """`rows.number_copies` on columns: `copy_idx`, the ordinal of each row among the rows with the same key.
-    Copies are rare, so a set of the keys (built without Python code per row) decides; only when two rows
-    share a key are the ordinals counted one by one."""
+    Copies are rare, so sets (built without Python code per row) decide: distinct hashes, or else distinct
+    keys, mean every ordinal is 0; only when two rows share a key are the ordinals counted one by one."""
+    n = len(cols.block_hash)
+    if len(set(cols.block_hash)) == n:
+        cols.copy_idx = [0] * n
+        return
     keys = list(zip(cols.node_id, cols.group_idx, cols.medium, cols.block_hash, cols.partition, cols.offset,
                     cols.idx))
     if len(set(keys)) == len(keys):

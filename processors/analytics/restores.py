@@ -233,7 +233,8 @@ class RestoreTracker:
         if idxs != sorted(idxs):  # not in event order (see observe): stable, like sorting the rows
             cols = cols.take(sorted(range(len(idxs)), key=idxs.__getitem__))
             idxs = cols.idx
-        nodes, groups, media, hashes, removed = cols.node_id, cols.group_idx, cols.medium, cols.block_hash, cols.removed_ts
+        nodes, groups, media = cols.node_id, cols.group_idx, cols.medium
+        hashes, removed = cols.block_hash, cols.removed_ts
         reasons = _end_reasons(cols)
         slots = self.slots
         out: list[RestoreRow] = []
@@ -261,7 +262,8 @@ class RestoreTracker:
     def _end_columns(self, cols: LifetimeColumns, reasons: list[str], start: int, stop: int) -> None:
         """`_end` for rows `start:stop` of the columns (`reasons`: `_end_reasons(cols)`)."""
         slots = self.slots
-        nodes, groups, media, hashes, removed = cols.node_id, cols.group_idx, cols.medium, cols.block_hash, cols.removed_ts
+        nodes, groups, media = cols.node_id, cols.group_idx, cols.medium
+        hashes, removed = cols.block_hash, cols.removed_ts
         key: SlotKey | None = None
         slot: Slot | None = None
         for i in range(start, stop):
