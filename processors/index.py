@@ -28,7 +28,8 @@ Invariants:
   `max_blocks_per_slot` hashes per (node, group, medium) (the node is marked suspect with
   the reason, the excess stores are counted and not indexed), and an expired node is forgotten
   `retention_s` after its expiry (`expire`), its last state queryable until then.
-- Every entry whose refcount reaches 0 yields one `LifetimeRow`, with the Kafka coordinates of the
+- Every entry whose refcount reaches 0 yields one lifetime (a `LifetimeRow`, or a row of
+  `LifetimeColumns` with `lifetimes="columns"`: the same values in the same order), with the Kafka coordinates of the
   message that ended it (`idx` = event index; -1 for a clear before the events, i.e. a new epoch,
   and for expiry, which is attributed to the node's last applied message).
 

@@ -23,7 +23,8 @@ In one run, on a fresh topic pre-filled with N envelopes of E events each:
   its machinery cost nothing. `baseline` leaves out the decode/apply/row work the app must do.
 - lifetimes_path: that per-message path without any store, lifetimes as rows (the reference) and as
   columns (the app's), side by side on the workload and on one with long prompts (more evictions per
-  message): lifetimes/s and messages/s each (`kvpipe.bench.analytics_lifetimes`); `--lifetimes-only`
+  message; also with capacity tracking off, which leaves what the two modes do differently):
+  lifetimes/s and messages/s each (`kvpipe.bench.analytics_lifetimes`); `--lifetimes-only`
   runs just this part (no Kafka, no store).
 value = app rows/s; ratio = value / baseline (target >= 0.8); ratio_pipeline = value / baseline_pipeline.
 """
@@ -108,7 +109,9 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
     inserts in the sink's batch size. Seconds (migrations excluded) and re-store rows written."""
     import clickhouse_connect
 
+    from kvpipe.processors.analytics import lifecols
     from kvpipe.processors.analytics.derive import GC_THRESHOLDS, message_rows
+    from kvpipe.processors.analytics.lifecols import LifetimeColumns
     from kvpipe.processors.analytics.migrations import apply_migrations
     from kvpipe.processors.analytics.restores import RESTORE_COLUMNS, RestoreTracker, restore_columns
     from kvpipe.processors.analytics.rows import LOAD_COLUMNS, EventColumns, load_columns
@@ -119,9 +122,9 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
     gc.set_threshold(*GC_THRESHOLDS)
     try:
         apply_migrations(client)
-        index = Index(ttl_s=None)
+        index = Index(ttl_s=None, lifetimes="columns")  # as the app's (processors/analytics/state.py)
         ingest, tracker = Ingest(index, max_bytes), RestoreTracker() if capacity else None
-        events, lifetimes, restores, loads = EventColumns(), [], [], []
+        events, lifetimes, restores, loads = EventColumns(), LifetimeColumns(), [], []
         written_restores = 0
 
         def insert(table: str, rows, columns, convert, final: bool) -> None:
@@ -139,14 +142,15 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
             if len(ev):
                 events.extend(ev)
             if lt:
-                number_copies(lt)  # per message, as the sink's writer does
+                lifecols.number_copies(lt)  # per message, as the sink's writer does
                 lifetimes.extend(lt)
             restores.extend(rs)
             loads.extend(ld)
             written_restores += len(rs)
             final = n == len(records)
             for table, rows, columns, convert in (("kv_events", events, EVENT_COLUMNS, lambda c: c),
-                                                  ("kv_block_lifetimes", lifetimes, LIFETIME_COLUMNS, lifetime_columns),
+                                                  ("kv_block_lifetimes", lifetimes, LIFETIME_COLUMNS,
+                                                   LifetimeColumns.insert_columns),
                                                   ("kv_restores", restores, RESTORE_COLUMNS, restore_columns),
                                                   ("kv_node_load", loads, LOAD_COLUMNS, load_columns)):
                 if final or len(rows) >= batch:
@@ -308,6 +312,8 @@ def capacity_part(events: int, report_steps: int) -> dict:
 @click.option("--lifetimes-only", is_flag=True, help="only the rows-vs-columns lifetimes block")
 def analytics_bench(**params: Any) -> dict:
     args = SimpleNamespace(**params)
+    from kvpipe.bench.analytics_lifetimes import lifetimes_part
+
     lifetimes = lifetimes_part(args.lifetimes_steps) if args.lifetimes_steps else None
     if args.lifetimes_only:
         return {"bench": "analytics", "value": lifetimes and lifetimes["serving_steps"]["columns"]["lifetimes_per_s"],
@@ -396,13 +402,6 @@ def analytics_bench(**params: Any) -> dict:
         "capacity": capacity,
         "lifetimes_path": lifetimes,
     }
-
-
-def lifetimes_part(steps: int) -> dict:
-    from kvpipe.bench.analytics_lifetimes import lifetimes_path
-
-    return {"serving_steps": lifetimes_path(steps),
-            "serving_steps_long_prompts": lifetimes_path(steps // 2, blocks_per_prompt=64, gpu_blocks=512)}
 
 
 def run(argv: list[str]) -> dict | int:

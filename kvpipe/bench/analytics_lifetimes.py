@@ -112,3 +112,12 @@ def lifetimes_path(steps: int, repeats: int = 3, batch_rows: int = 5000, max_byt
                      "agent_s": round(got["agent_s"], 3), "writer_s": round(got["writer_s"], 3)}
     out["speedup"] = round((rows["agent_s"] + rows["writer_s"]) / (cols["agent_s"] + cols["writer_s"]), 3)
     return out
+
+
+def lifetimes_part(steps: int) -> dict:
+    """The `kvpipe bench analytics` block: the workload, with long prompts, and those without the tracker."""
+    long_prompts = {"blocks_per_prompt": 64, "gpu_blocks": 512}
+    return {"serving_steps": lifetimes_path(steps),
+            "serving_steps_long_prompts": lifetimes_path(steps // 2, **long_prompts),
+            # the re-store tracker's per-end dict work is the same in both modes: without it, what changed
+            "serving_steps_long_prompts_no_tracker": lifetimes_path(steps // 2, capacity=False, **long_prompts)}

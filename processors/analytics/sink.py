@@ -47,6 +47,8 @@ from typing import Any, Callable
 
 import clickhouse_connect
 
+from kvpipe.processors.analytics import lifecols
+from kvpipe.processors.analytics.lifecols import LifetimeColumns
 from kvpipe.processors.analytics.migrations import apply_migrations
 from kvpipe.processors.analytics.rows import (
     EVENT_COLUMNS,
@@ -57,8 +59,6 @@ from kvpipe.processors.analytics.rows import (
     load_columns,
     number_copies,
 )
-from kvpipe.processors.analytics import lifecols
-from kvpipe.processors.analytics.lifecols import LifetimeColumns
 from kvpipe.processors.analytics.restores import RESTORE_COLUMNS, restore_columns
 from kvpipe.processors.analytics.sqlguard import check_read_only, first_keyword
 

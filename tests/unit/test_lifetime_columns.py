@@ -68,3 +68,11 @@ def test_the_tracker_reports_the_same_restore_from_columns():
         got.append((tracker.observe(env, events, closed, 0, 0, {0: ("full_attention", 16)}), dict(
             (k, (dict(s.ended), s.held)) for k, s in tracker.slots.items())))
     assert got[0] == got[1] and len(got[0][0]) == 1 and got[0][0][0].idx == 2
+
+
+def test_the_bench_block_runs_both_paths_on_one_workload():
+    from kvpipe.bench.analytics_lifetimes import lifetimes_path
+
+    got = lifetimes_path(300, repeats=1, blocks_per_prompt=64, gpu_blocks=64)
+    assert got["lifetimes"] > 0 and got["restores"] > 0  # it raises if the two paths count differently
+    assert set(got["rows"]) == set(got["columns"]) >= {"lifetimes_per_s", "messages_per_s"}
