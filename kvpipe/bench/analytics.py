@@ -308,7 +308,7 @@ def capacity_part(events: int, report_steps: int) -> dict:
               help="workload steps in the report's store")
 @click.option("--capacity-only", is_flag=True, help="only the capacity and report timings")
 @click.option("--lifetimes-steps", type=int, default=4000, show_default=True,
-              help="workload steps of the rows-vs-columns lifetimes block (0: skip; long prompts: half)")
+              help="workload steps of the rows-vs-columns lifetimes block (0: skip; long prompts: a quarter)")
 @click.option("--lifetimes-only", is_flag=True, help="only the rows-vs-columns lifetimes block")
 def analytics_bench(**params: Any) -> dict:
     args = SimpleNamespace(**params)

@@ -116,8 +116,9 @@ def lifetimes_path(steps: int, repeats: int = 3, batch_rows: int = 5000, max_byt
 
 def lifetimes_part(steps: int) -> dict:
     """The `kvpipe bench analytics` block: the workload, with long prompts, and those without the tracker."""
-    long_prompts = {"blocks_per_prompt": 64, "gpu_blocks": 512}
-    return {"serving_steps": lifetimes_path(steps),
-            "serving_steps_long_prompts": lifetimes_path(steps // 2, **long_prompts),
+    long_prompts = {"blocks_per_prompt": 64, "gpu_blocks": 512}  # ~100 lifetimes per message
+    return {"serving_steps": lifetimes_path(steps, repeats=5),
+            "serving_steps_long_prompts": lifetimes_path(steps // 4, repeats=5, **long_prompts),
             # the re-store tracker's per-end dict work is the same in both modes: without it, what changed
-            "serving_steps_long_prompts_no_tracker": lifetimes_path(steps // 2, capacity=False, **long_prompts)}
+            "serving_steps_long_prompts_no_tracker": lifetimes_path(steps // 4, repeats=5, capacity=False,
+                                                                    **long_prompts)}
