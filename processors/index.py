@@ -28,7 +28,8 @@ Invariants:
   `max_blocks_per_slot` hashes per (node, group, medium) (the node is marked suspect with
   the reason, the excess stores are counted and not indexed), and an expired node is forgotten
   `retention_s` after its expiry (`expire`), its last state queryable until then.
-- Every entry whose refcount reaches 0 yields one `LifetimeRow`, with the Kafka coordinates of the
+- Every entry whose refcount reaches 0 yields one lifetime (a `LifetimeRow`, or a row of
+  `LifetimeColumns` with `lifetimes="columns"`: the same values in the same order), with the Kafka coordinates of the
   message that ended it (`idx` = event index; -1 for a clear before the events, i.e. a new epoch,
   and for expiry, which is attributed to the node's last applied message).
 
@@ -42,9 +43,10 @@ from __future__ import annotations
 
 import itertools
 from functools import partial
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 from kvpipe.gpu.layout import layout_problem
+from kvpipe.processors.analytics.lifecols import LifetimeColumns
 from kvpipe.processors.analytics.rows import REASON_CLEARED, REASON_EVICTED, REASON_NODE_EXPIRED, LifetimeRow
 from kvpipe.processors.slots import Slot, StoreKind, batch_event, make_store
 from kvpipe.schemas.envelope import Envelope, GroupSpec, HashConfig
@@ -58,6 +60,12 @@ STALE = "stale"
 REFUSED = "refused"  # a new node id while `max_nodes` are tracked
 
 _node_keys = itertools.count()
+
+LifetimesMode = Literal["rows", "columns", "count"]
+# What `apply` and `expire` return as the lifetimes they ended: a list of `LifetimeRow`s (the reference),
+# a `LifetimeColumns` (the analytics app: extended per store answer, no object per lifetime), or an
+# empty list with `ended` counting them (the routing app). True and False stand for "rows" and "count".
+Closed = list[LifetimeRow] | LifetimeColumns
 
 
 class NodeState:
@@ -118,7 +126,7 @@ class Index:
 
     def __init__(self, ttl_s: float | None = None, *, retention_s: float | None = None, max_nodes: int | None = None,
                  max_blocks_per_slot: int | None = None, max_slots_per_node: int | None = None,
-                 store: StoreKind | None = None, lifetimes: bool = True) -> None:
+                 store: StoreKind | None = None, lifetimes: bool | LifetimesMode = True) -> None:
         self.ttl_s = ttl_s
         self.retention_s = retention_s
         self.max_nodes = max_nodes
@@ -129,9 +137,14 @@ class Index:
         self._expired_order: dict[str, NodeState] = {}
         self.nodes: dict[str, NodeState] = {}
         self.store = make_store(store)  # the blocks and the inverted view (`kvpipe.processors.slots`)
-        # whether ended entries come back as `LifetimeRow`s (the analytics app's rows); the routing
-        # app only counts them (`ended`), which spares an object per evicted block
-        self.lifetimes = lifetimes
+        # how ended entries come back (`LifetimesMode`); the routing app only counts them (`ended`),
+        # which spares an object per evicted block
+        mode = {True: "rows", False: "count"}.get(lifetimes, lifetimes)  # type: ignore[call-overload]
+        if mode not in ("rows", "columns", "count"):
+            raise ValueError(f"Index(lifetimes=...) must be 'rows', 'columns', 'count' or a bool, got {lifetimes!r}")
+        self.lifetimes_mode: LifetimesMode = mode
+        self.lifetimes = mode != "count"  # whether ended entries are reported at all
+        self._columns = mode == "columns"
         self.ended = 0  # entries whose last copy went (evicted, cleared, expired), rows or not
         # bumped whenever a node comes, goes, expires, returns, or changes epoch, specs, hash
         # configuration or model: what the router's per-index plan depends on (`router.plan`).
@@ -141,10 +154,12 @@ class Index:
 
     # -- ingest ------------------------------------------------------------------------------------
 
-    def apply(self, env: Envelope, events: list[Event] | Any, partition: int = 0, offset: int = -1) -> tuple[str, list[LifetimeRow]]:
-        """Apply one envelope; returns `(APPLIED | DUPLICATE | STALE, closed lifetimes)`. `events`: the
-        decoded events, or the batch the native side read (`slots.parse_batch`; native store only)."""
-        closed: list[LifetimeRow] = []
+    def apply(self, env: Envelope, events: list[Event] | Any, partition: int = 0,
+              offset: int = -1) -> tuple[str, Closed]:
+        """Apply one envelope; returns `(APPLIED | DUPLICATE | STALE, closed lifetimes)` (rows or columns, as
+        `lifetimes` chose). `events`: the decoded events, or the batch the native side read
+        (`slots.parse_batch`; native store only)."""
+        closed: Closed = LifetimeColumns() if self._columns else []
         counters = self.counters
         node = self.nodes.get(env.node_id)
         seen = env.sent_ts if env.sent_ts > env.ts else env.ts
@@ -232,7 +247,7 @@ class Index:
         return APPLIED, closed
 
     def _apply_events(self, node: NodeState, events: list[Event], ts: float, partition: int, offset: int,
-                      closed: list[LifetimeRow]) -> None:
+                      closed: Closed) -> None:
         stored = removed = unknown = 0
         # The native store applies runs of stores and removes into existing slots in one call (from
         # event objects, or from a batch it read itself: `slots.parse_batch`); the event it stops at
@@ -268,7 +283,7 @@ class Index:
         nc[key] += unknown
 
     def _apply_one(self, node: NodeState, ev: Event, idx: int, ts: float, partition: int, offset: int,
-                   closed: list[LifetimeRow]) -> tuple[int, int, int]:
+                   closed: Closed) -> tuple[int, int, int]:
         """One event; returns (stored, removed, unknown)."""
         slots = node.slots
         cls = ev.__class__
@@ -292,14 +307,16 @@ class Index:
             return kept, 0, 0
         n, missing, keys, times = self.store.remove(slot, ev.block_hashes)  # BlockRemoved
         self.ended += len(keys)
-        if self.lifetimes:
+        if self._columns:
+            closed.add(node.node_id, node.epoch, group, medium, keys, times, ts, REASON_EVICTED, partition, offset, idx)
+        elif self.lifetimes:
             node_id, epoch = node.node_id, node.epoch
             closed.extend([LifetimeRow(node_id, epoch, group, medium, k, stored_ts, ts, REASON_EVICTED, partition,
                                        offset, idx) for k, stored_ts in zip(keys, times)])
         return 0, n, missing
 
     def _apply_run(self, node: NodeState, events: list[Event], start: int, ts: float, partition: int, offset: int,
-                   closed: list[LifetimeRow]) -> tuple[int, int, int, int]:
+                   closed: Closed) -> tuple[int, int, int, int]:
         """Events from `start` applied by the native store until one it leaves to `_apply_one`;
         returns (where it stopped, stored, removed, unknown)."""
         return self._ran(node, self.store.core.apply_events(
@@ -307,13 +324,13 @@ class Index:
             closed)
 
     def _apply_batch_run(self, node: NodeState, batch, start: int, ts: float, partition: int, offset: int,
-                         closed: list[LifetimeRow]) -> tuple[int, int, int, int]:
+                         closed: Closed) -> tuple[int, int, int, int]:
         """`_apply_run` on a batch the native side read from bytes."""
         return self._ran(node, self.store.core.apply_batch(batch, start, node.slots, ts, self.max_blocks_per_slot),
                          ts, partition, offset, closed)
 
     def _ran(self, node: NodeState, answer: tuple, ts: float, partition: int, offset: int,
-             closed: list[LifetimeRow]) -> tuple[int, int, int, int]:
+             closed: Closed) -> tuple[int, int, int, int]:
         """Counters, cap notes and lifetimes of one native run."""
         store = self.store
         stop, stored, removed, unknown, refused, keys, times, idxs, sids = answer
@@ -321,7 +338,19 @@ class Index:
         for sid, n in refused:
             self._capped(node, by_sid(sid), n, self.max_blocks_per_slot)
         self.ended += len(keys)
-        if keys and self.lifetimes:
+        if keys and self._columns:
+            # per row its slot's group and medium: one lookup per distinct slot, then a C-level map
+            n = len(sids)
+            if sids.count(sids[0]) == n:
+                slot = by_sid(sids[0])
+                groups, media = [slot.group] * n, [slot.medium] * n
+            else:
+                slots = {sid: by_sid(sid) for sid in set(sids)}
+                groups = list(map({sid: s.group for sid, s in slots.items()}.__getitem__, sids))
+                media = list(map({sid: s.medium for sid, s in slots.items()}.__getitem__, sids))
+            closed.add_run(node.node_id, node.epoch, groups, media, keys, times, ts, REASON_EVICTED, partition, offset,
+                           idxs)
+        elif keys and self.lifetimes:
             node_id, epoch = node.node_id, node.epoch
             last, slot = -1, None
             for k, stored_ts, idx, sid in zip(keys, times, idxs, sids):
@@ -346,7 +375,7 @@ class Index:
         node.mark_suspect(f"over the cap of {self.max_slots_per_node} (group, medium) pairs per node "
                           f"(group {group} medium {medium[:64]!r} refused)")
 
-    def _resync(self, node: NodeState, env: Envelope, offset: int, closed: list[LifetimeRow]) -> None:
+    def _resync(self, node: NodeState, env: Envelope, offset: int, closed: Closed) -> None:
         """Real loss upstream: drop what the node held and learn it again from this envelope on."""
         self._close_slots(node, node.slots.values(), REASON_CLEARED, env.ts, offset, -1, closed)
         node.suspect, node.reason = False, ""
@@ -378,18 +407,21 @@ class Index:
         self.counters["forgotten_nodes"] += 1
 
     def _close_slots(self, node: NodeState, slots: Iterable[Slot], reason: str, ts: float, offset: int, idx: int,
-                     closed: list[LifetimeRow]) -> None:
+                     closed: Closed) -> None:
         """Drop every entry of these slots (all copies), one lifetime per key."""
         for slot in list(slots):
             keys, times = self.store.close(slot)
             self.ended += len(keys)
-            if self.lifetimes:
+            if self._columns:
+                closed.add(node.node_id, node.epoch, slot.group, slot.medium, keys, times, ts, reason, node.partition,
+                           offset, idx)
+            elif self.lifetimes:
                 node_id, epoch, group, medium, partition = node.node_id, node.epoch, slot.group, slot.medium, node.partition
                 closed.extend([LifetimeRow(node_id, epoch, group, medium, k, stored_ts, ts, reason, partition, offset,
                                            idx) for k, stored_ts in zip(keys, times)])
             del node.slots[(slot.group, slot.medium)]
 
-    def _expire_node(self, node: NodeState, closed: list[LifetimeRow]) -> None:
+    def _expire_node(self, node: NodeState, closed: Closed) -> None:
         # Attributed to the node's last applied message, so the live timer and a replay agree.
         expired_at = node.last_seen + (self.ttl_s or 0.0)
         self._close_slots(node, node.slots.values(), REASON_NODE_EXPIRED, expired_at, node.last_offset, -1, closed)
@@ -399,10 +431,10 @@ class Index:
         self.note_expired(node)
         self.counters["expired_nodes"] += 1
 
-    def expire(self, now: float, ttl: float | None = None, partition: int | None = None) -> list[LifetimeRow]:
+    def expire(self, now: float, ttl: float | None = None, partition: int | None = None) -> Closed:
         """Expire nodes silent since before `now - ttl` (only those of `partition`, if given)."""
         ttl = self.ttl_s if ttl is None else ttl
-        closed: list[LifetimeRow] = []
+        closed: Closed = LifetimeColumns() if self._columns else []
         if ttl is None:
             return closed
         retention = self.retention_s

@@ -21,6 +21,11 @@ In one run, on a fresh topic pre-filled with N envelopes of E events each:
   Kafka, Faust or writer thread (`pipeline_insert`: decode + index apply + rows + re-store tracking +
   the same conversions and inserts), rows/s over the same row count — what the app could reach if
   its machinery cost nothing. `baseline` leaves out the decode/apply/row work the app must do.
+- lifetimes_path: that per-message path without any store, lifetimes as rows (the reference) and as
+  columns (the app's), side by side on the workload and on one with long prompts (more evictions per
+  message; also with capacity tracking off, which leaves what the two modes do differently):
+  lifetimes/s and messages/s each (`kvpipe.bench.analytics_lifetimes`); `--lifetimes-only`
+  runs just this part (no Kafka, no store).
 value = app rows/s; ratio = value / baseline (target >= 0.8); ratio_pipeline = value / baseline_pipeline.
 """
 from __future__ import annotations
@@ -104,7 +109,9 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
     inserts in the sink's batch size. Seconds (migrations excluded) and re-store rows written."""
     import clickhouse_connect
 
+    from kvpipe.processors.analytics import lifecols
     from kvpipe.processors.analytics.derive import GC_THRESHOLDS, message_rows
+    from kvpipe.processors.analytics.lifecols import LifetimeColumns
     from kvpipe.processors.analytics.migrations import apply_migrations
     from kvpipe.processors.analytics.restores import RESTORE_COLUMNS, RestoreTracker, restore_columns
     from kvpipe.processors.analytics.rows import LOAD_COLUMNS, EventColumns, load_columns
@@ -115,9 +122,9 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
     gc.set_threshold(*GC_THRESHOLDS)
     try:
         apply_migrations(client)
-        index = Index(ttl_s=None)
+        index = Index(ttl_s=None, lifetimes="columns")  # as the app's (processors/analytics/state.py)
         ingest, tracker = Ingest(index, max_bytes), RestoreTracker() if capacity else None
-        events, lifetimes, restores, loads = EventColumns(), [], [], []
+        events, lifetimes, restores, loads = EventColumns(), LifetimeColumns(), [], []
         written_restores = 0
 
         def insert(table: str, rows, columns, convert, final: bool) -> None:
@@ -135,14 +142,15 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
             if len(ev):
                 events.extend(ev)
             if lt:
-                number_copies(lt)  # per message, as the sink's writer does
+                lifecols.number_copies(lt)  # per message, as the sink's writer does
                 lifetimes.extend(lt)
             restores.extend(rs)
             loads.extend(ld)
             written_restores += len(rs)
             final = n == len(records)
             for table, rows, columns, convert in (("kv_events", events, EVENT_COLUMNS, lambda c: c),
-                                                  ("kv_block_lifetimes", lifetimes, LIFETIME_COLUMNS, lifetime_columns),
+                                                  ("kv_block_lifetimes", lifetimes, LIFETIME_COLUMNS,
+                                                   LifetimeColumns.insert_columns),
                                                   ("kv_restores", restores, RESTORE_COLUMNS, restore_columns),
                                                   ("kv_node_load", loads, LOAD_COLUMNS, load_columns)):
                 if final or len(rows) >= batch:
@@ -299,12 +307,26 @@ def capacity_part(events: int, report_steps: int) -> dict:
 @click.option("--report-steps", type=int, default=20_000, show_default=True,
               help="workload steps in the report's store")
 @click.option("--capacity-only", is_flag=True, help="only the capacity and report timings")
+@click.option("--lifetimes-steps", type=int, default=4000, show_default=True,
+              help="workload steps of the rows-vs-columns lifetimes block (0: skip; long prompts: a quarter)")
+@click.option("--lifetimes-only", is_flag=True, help="only the rows-vs-columns lifetimes block")
 def analytics_bench(**params: Any) -> dict:
     args = SimpleNamespace(**params)
+    from kvpipe.bench.analytics_lifetimes import lifetimes_part
+
+    # not `lifetimes`: the Kafka part below names its lifetime rows so
+    lifetimes_block = lifetimes_part(args.lifetimes_steps) if args.lifetimes_steps else None
+    if args.lifetimes_only:
+        main = lifetimes_block and lifetimes_block["serving_steps"]
+        return {"bench": "analytics", "value": main and main["columns"]["lifetimes_per_s"],
+                "unit": "lifetimes/s through the pure path as columns", "baseline": main
+                and main["rows"]["lifetimes_per_s"], "ratio": main and main["speedup"],
+                "lifetimes_path": lifetimes_block}
     capacity = capacity_part(args.capacity_events, args.report_steps) if args.capacity_events else None
     if args.capacity_only:
         return {"bench": "analytics", "value": capacity and round(capacity["events"] / max(capacity["tracker_s"], 1e-9)),
-                "unit": "events/s through the re-store tracker", "baseline": None, "ratio": None, "capacity": capacity}
+                "unit": "events/s through the re-store tracker", "baseline": None, "ratio": None, "capacity": capacity,
+                "lifetimes_path": lifetimes_block}
     settings = load_settings()
     bootstrap = settings.bootstrap()
     tag = uuid.uuid4().hex[:8]
@@ -380,6 +402,7 @@ def analytics_bench(**params: Any) -> dict:
         "heavy_query_statuses": sorted(set(heavy.statuses)),
         "saved_query_latency": queries if queries is not None else "not requested (--queries-rows N)",
         "capacity": capacity,
+        "lifetimes_path": lifetimes_block,
     }
 
 

@@ -12,6 +12,6 @@ tests and benchmarks is `kvpipe.bench.workload`.
 
 May import: schemas, clickhouse-connect (chDB through its `chdb://` DSN), msgspec, matplotlib
 (`report`, lazily), the standard library. It reads infra/clickhouse's SQL files by path, never imports infra code. The rest of
-processors/ uses `rows` (the pure index builds `LifetimeRow`s); the routing app imports nothing else
+processors/ uses `rows` and `lifecols` (the pure index builds `LifetimeRow`s or `LifetimeColumns`); the routing app imports nothing else
 from here, and the analytics app never imports the routing app (`kvpipe.processors.app`).
 """

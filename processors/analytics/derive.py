@@ -3,7 +3,9 @@ result, the index and the re-store tracker, so the agent (`agents.submit`) and t
 in-process baseline (`kvpipe.bench.analytics.pipeline_insert`) run the same code."""
 from __future__ import annotations
 
-from kvpipe.processors.analytics.restores import RestoreTracker, refine_reasons
+from kvpipe.processors.analytics import lifecols
+from kvpipe.processors.analytics.lifecols import LifetimeColumns
+from kvpipe.processors.analytics.restores import RestoreTracker, refine_reason_columns, refine_reasons
 from kvpipe.processors.analytics.rows import EventColumns, event_columns_of, group_kinds_of, load_row
 from kvpipe.processors.index import APPLIED, Index
 from kvpipe.processors.ingest import Result
@@ -19,19 +21,27 @@ GC_THRESHOLDS = (50_000, 20, 100)
 
 
 def message_rows(result: Result, partition: int, offset: int, index: Index, tracker: RestoreTracker | None,
-                 now: float) -> tuple[EventColumns | list, list, list, list]:
+                 now: float) -> tuple[EventColumns | list, list | LifetimeColumns, list, list]:
     """`(event columns, lifetimes, re-stores, load)` for a message. Undecodable input yields none; a
     message not applied may still end lifetimes (its node's epoch moved on); only an applied one
-    (heartbeats too) reports load, as only an applied one moves the index's `node.load`."""
+    (heartbeats too) reports load, as only an applied one moves the index's `node.load`.
+
+    Lifetimes come as the index made them: `LifetimeRow`s (the reference) or `LifetimeColumns`
+    (`Index(lifetimes="columns")`, the app's), derived column by column without a row object."""
     if result.outcome != APPLIED:
         if result.lifetimes:
             end_lifetimes(index, tracker, result.env, result.lifetimes)
         return [], result.lifetimes, [], []
     env = result.env
     kinds = node_kinds(index, env.node_id, env)
-    refine_reasons(env, result.lifetimes)
-    for lt in result.lifetimes:
-        lt.group_kind = kinds.get(lt.group_idx, ("", 0))[0]
+    if result.lifetimes.__class__ is LifetimeColumns:
+        if len(result.lifetimes):  # most messages end none
+            refine_reason_columns(env, result.lifetimes)
+            lifecols.set_group_kinds(result.lifetimes, lambda _node: kinds)  # the message's kinds for every row
+    else:  # the reference: one row object at a time
+        refine_reasons(env, result.lifetimes)
+        for lt in result.lifetimes:
+            lt.group_kind = kinds.get(lt.group_idx, ("", 0))[0]
     rows = event_columns_of(env, result.events, partition, offset, now, kinds)
     restores = tracker.observe(env, result.events, result.lifetimes, partition, offset, kinds) if tracker else []
     load = load_row(env, partition, offset)
@@ -46,10 +56,14 @@ def node_kinds(index: Index, node_id: str, env=None) -> dict[int, tuple[str, int
     return group_kinds_of(env) if env is not None else {}
 
 
-def end_lifetimes(index: Index, tracker: RestoreTracker | None, env, lifetimes: list) -> None:
+def end_lifetimes(index: Index, tracker: RestoreTracker | None, env, lifetimes: list | LifetimeColumns) -> None:
     """Lifetimes ended outside an applied message's events (expiry, epoch change): kinds, reasons, tracker."""
-    refine_reasons(env, lifetimes)
-    for lt in lifetimes:
-        lt.group_kind = node_kinds(index, lt.node_id).get(lt.group_idx, ("", 0))[0]
+    if lifetimes.__class__ is LifetimeColumns:
+        refine_reason_columns(env, lifetimes)
+        lifecols.set_group_kinds(lifetimes, lambda node_id: node_kinds(index, node_id))
+    else:
+        refine_reasons(env, lifetimes)
+        for lt in lifetimes:
+            lt.group_kind = node_kinds(index, lt.node_id).get(lt.group_idx, ("", 0))[0]
     if tracker is not None:
         tracker.end_all(lifetimes)

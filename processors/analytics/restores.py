@@ -23,6 +23,7 @@ from typing import Iterable, Mapping
 
 import msgspec
 
+from kvpipe.processors.analytics.lifecols import LifetimeColumns
 from kvpipe.processors.analytics.rows import REASON_CLEARED, LifetimeRow, hash_to_u64
 from kvpipe.processors.analytics.stackdist import StackDistance
 from kvpipe.schemas.envelope import Envelope
@@ -95,6 +96,28 @@ def refine_reasons(env: Envelope | None, lifetimes: Iterable[LifetimeRow]) -> No
             lt.end_reason = REASON_EPOCH_CHANGE if lt.epoch != env.epoch else REASON_RESYNC
 
 
+def refine_reason_columns(env: Envelope | None, cols: LifetimeColumns) -> None:
+    """`refine_reasons` on columns (the same rule; a whole-column copy when no row needs it, which is
+    every message that ends nothing by a clear)."""
+    reason = cols.reason
+    if env is None or REASON_CLEARED not in reason:
+        cols.end_reason = reason[:]
+        return
+    epoch = env.epoch
+    cols.end_reason = [(REASON_EPOCH_CHANGE if e != epoch else REASON_RESYNC) if i == -1 and r == REASON_CLEARED
+                       else r for r, i, e in zip(reason, cols.idx, cols.epoch)]
+
+
+def _end_reasons(cols: LifetimeColumns) -> list[str]:
+    """Per row `end_reason or reason`, the reason `_end` records."""
+    reasons = cols.end_reason
+    if reasons is None:
+        return cols.reason
+    if "" in reasons:
+        return [e or r for e, r in zip(reasons, cols.reason)]
+    return reasons
+
+
 class Slot:
     """One (node, group, medium): its store stack, the hashes whose last lifetime there ended, and how many
     blocks it holds. `partition`: the events partition of the node (whose owner keeps this state)."""
@@ -160,44 +183,109 @@ class RestoreTracker:
         `lifetimes` normally come in the order the index closed them, which is event order (`idx`
         non-decreasing; the -1 ones, closed before the events, first); other orders are sorted first.
         """
+        if lifetimes.__class__ is LifetimeColumns:
+            return self._observe_columns(env, events, lifetimes, partition, offset, kinds)  # type: ignore[arg-type]
         out: list[RestoreRow] = []
         j, n_ends = 0, len(lifetimes)
         if n_ends > 1 and any(lifetimes[i].idx > lifetimes[i + 1].idx for i in range(n_ends - 1)):
             lifetimes = sorted(lifetimes, key=lambda lt: lt.idx)
-        node = env.node_id
-        slots = self.slots
         for idx, ev in enumerate(events):
             while j < n_ends and lifetimes[j].idx <= idx:
                 self._end(lifetimes[j])
                 j += 1
-            if ev.__class__ is not BlockStored:
-                continue
-            group = ev.group_idx or 0
-            medium = ev.medium or "GPU"
-            slot = slots.get((node, group, medium))
-            if slot is None:
-                slot = self._slot((node, group, medium), partition)
-            stack, ended = slot.stack, slot.ended
-            last = stack._last  # noqa: SLF001 - see _end
-            for h in ev.block_hashes:
-                h = h & 0xFFFFFFFFFFFFFFFF if h.__class__ is int else hash_to_u64(h)
-                fresh = h not in last
-                d = stack.access(h)
-                end = ended.pop(h, None) if ended else None
-                if end is not None and d is not None:
-                    kind, size = kinds.get(group, ("", 0))
-                    out.append(RestoreRow(node, env.epoch, group, kind, medium, h, ev.block_size or size, end[0],
-                                          env.ts, end[1], d, slot.held, partition, offset, idx))
-                if fresh or end is not None:
-                    slot.held += 1
+            if ev.__class__ is BlockStored:
+                self._stored(env, ev, idx, partition, offset, kinds, out)
         while j < n_ends:
             self._end(lifetimes[j])
             j += 1
         self.restores += len(out)
         return out
 
-    def end_all(self, lifetimes: list[LifetimeRow]) -> None:
+    def _stored(self, env: Envelope, ev: BlockStored, idx: int, partition: int, offset: int,
+                kinds: Mapping[int, tuple[str, int]], out: list[RestoreRow]) -> None:
+        """One BlockStored: each hash an access to its slot's stack; a hash whose lifetime there ended is a re-store."""
+        node = env.node_id
+        group = ev.group_idx or 0
+        medium = ev.medium or "GPU"
+        slot = self.slots.get((node, group, medium))
+        if slot is None:
+            slot = self._slot((node, group, medium), partition)
+        stack, ended = slot.stack, slot.ended
+        last = stack._last  # noqa: SLF001 - see _end
+        for h in ev.block_hashes:
+            h = h & 0xFFFFFFFFFFFFFFFF if h.__class__ is int else hash_to_u64(h)
+            fresh = h not in last
+            d = stack.access(h)
+            end = ended.pop(h, None) if ended else None
+            if end is not None and d is not None:
+                kind, size = kinds.get(group, ("", 0))
+                out.append(RestoreRow(node, env.epoch, group, kind, medium, h, ev.block_size or size, end[0],
+                                      env.ts, end[1], d, slot.held, partition, offset, idx))
+            if fresh or end is not None:
+                slot.held += 1
+
+    def _observe_columns(self, env: Envelope, events: list[Event], cols: LifetimeColumns, partition: int, offset: int,
+                         kinds: Mapping[int, tuple[str, int]]) -> list[RestoreRow]:
+        """`observe` with the lifetimes as columns: the same walk in event order. Each end still takes
+        a few dict operations on its slot's state, one row at a time (an end changes what the next store
+        of the message sees), but reads the columns in place, without a row object or a call per end."""
+        idxs = cols.idx
+        if idxs != sorted(idxs):  # not in event order (see observe): stable, like sorting the rows
+            cols = cols.take(sorted(range(len(idxs)), key=idxs.__getitem__))
+            idxs = cols.idx
+        nodes, groups, media = cols.node_id, cols.group_idx, cols.medium
+        hashes, removed = cols.block_hash, cols.removed_ts
+        reasons = _end_reasons(cols)
+        slots = self.slots
+        out: list[RestoreRow] = []
+        j, n_ends = 0, len(idxs)
+        for idx, ev in enumerate(events):
+            while j < n_ends and idxs[j] <= idx:  # `_end` of row j, inlined
+                slot = slots.get((nodes[j], groups[j], media[j]))
+                if slot is not None:
+                    h = hashes[j]
+                    if h in slot.stack._last:  # noqa: SLF001 - see _end
+                        ended = slot.ended
+                        ended[h] = (removed[j], reasons[j])
+                        if len(ended) > slot.prune_at:
+                            slot.prune()
+                    if slot.held:
+                        slot.held -= 1
+                j += 1
+            if ev.__class__ is BlockStored:
+                self._stored(env, ev, idx, partition, offset, kinds, out)
+        if j < n_ends:
+            self._end_columns(cols, reasons, j, n_ends)
+        self.restores += len(out)
+        return out
+
+    def _end_columns(self, cols: LifetimeColumns, reasons: list[str], start: int, stop: int) -> None:
+        """`_end` for rows `start:stop` of the columns (`reasons`: `_end_reasons(cols)`)."""
+        slots = self.slots
+        nodes, groups, media = cols.node_id, cols.group_idx, cols.medium
+        hashes, removed = cols.block_hash, cols.removed_ts
+        key: SlotKey | None = None
+        slot: Slot | None = None
+        for i in range(start, stop):
+            k = (nodes[i], groups[i], media[i])
+            if k != key:  # ends outside a message come slot by slot (`Index._close_slots`)
+                key, slot = k, slots.get(k)
+            if slot is None:  # never stored here: nothing to come back to
+                continue
+            h = hashes[i]
+            if h in slot.stack._last:  # noqa: SLF001 - see _end
+                ended = slot.ended
+                ended[h] = (removed[i], reasons[i])
+                if len(ended) > slot.prune_at:
+                    slot.prune()
+            if slot.held:
+                slot.held -= 1
+
+    def end_all(self, lifetimes: list[LifetimeRow] | LifetimeColumns) -> None:
         """Lifetimes ended outside a message (a node expiry by the timer)."""
+        if lifetimes.__class__ is LifetimeColumns:
+            self._end_columns(lifetimes, _end_reasons(lifetimes), 0, len(lifetimes))  # type: ignore[arg-type]
+            return
         for lt in lifetimes:
             self._end(lt)
 

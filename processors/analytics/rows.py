@@ -2,7 +2,7 @@
 
 Pure functions, no I/O. `event_rows` maps one envelope's events to `EventRow`s, `load_row` its load
 report to a `LoadRow`; the processor builds `LifetimeRow`s itself (it owns the index that knows when
-each block was stored). The sink turns rows into columns with `event_columns` / `lifetime_columns` /
+each block was stored), or the same values as columns (`lifecols`, the analytics app's path). The sink turns rows into columns with `event_columns` / `lifetime_columns` /
 `load_columns`.
 
 Identity: every row carries the Kafka coordinates `(partition, offset, idx)` of the message and

@@ -47,6 +47,8 @@ from typing import Any, Callable
 
 import clickhouse_connect
 
+from kvpipe.processors.analytics import lifecols
+from kvpipe.processors.analytics.lifecols import LifetimeColumns
 from kvpipe.processors.analytics.migrations import apply_migrations
 from kvpipe.processors.analytics.rows import (
     EVENT_COLUMNS,
@@ -54,7 +56,6 @@ from kvpipe.processors.analytics.rows import (
     LOAD_COLUMNS,
     EventColumns,
     event_columns,
-    lifetime_columns,
     load_columns,
     number_copies,
 )
@@ -69,7 +70,8 @@ RESTORES_TABLE = "kv_restores"
 LOADS_TABLE = "kv_node_load"
 _TABLES: dict[str, tuple[tuple[str, ...], Callable[[list], list[list]]]] = {
     EVENTS_TABLE: (EVENT_COLUMNS, lambda columns: columns),  # the writer holds events as columns already
-    LIFETIMES_TABLE: (LIFETIME_COLUMNS, lifetime_columns),
+    # the writer holds lifetimes as columns (`LifetimeColumns`, rows lists converted on arrival)
+    LIFETIMES_TABLE: (LIFETIME_COLUMNS, LifetimeColumns.insert_columns),
     RESTORES_TABLE: (RESTORE_COLUMNS, restore_columns),
     LOADS_TABLE: (LOAD_COLUMNS, load_columns),
 }
@@ -148,11 +150,12 @@ class AnalyticsSink:
 
     # --- producer side (the asyncio loop) -----------------------------------------------------------
 
-    def submit(self, event_rows: "list | EventColumns", lifetime_rows: list, restore_rows: list = (),
-               load_rows: list = ()) -> None:
+    def submit(self, event_rows: "list | EventColumns", lifetime_rows: "list | LifetimeColumns",
+               restore_rows: list = (), load_rows: list = ()) -> None:
         """Queue rows of one message (submit all lifetimes a message ends in one call). Never
         blocks and never drops: the caller gates on `wait_for_room` before taking more input.
-        Event rows come as `EventColumns` (the agent's fast path) or a list of `EventRow`."""
+        Event rows come as `EventColumns` (the agent's fast path) or a list of `EventRow`, lifetimes
+        as `LifetimeColumns` (the agent's) or a list of `LifetimeRow`."""
         n = len(event_rows) + len(lifetime_rows) + len(restore_rows) + len(load_rows)
         if n == 0:
             return
@@ -242,7 +245,7 @@ class AnalyticsSink:
 
     def _run(self) -> None:
         events = EventColumns()  # columns: the agent builds them, this thread only concatenates
-        lifetimes: list = []
+        lifetimes = LifetimeColumns()  # likewise (a rows list is numbered as rows, then turned into columns)
         restores: list = []
         loads: list = []
         incoming: list = []  # submits taken off the queue, merged into the lists above outside the lock
@@ -286,7 +289,11 @@ class AnalyticsSink:
                 if ev:
                     events.extend(ev if isinstance(ev, EventColumns) else EventColumns(event_columns(ev)))
                 if lt:
-                    number_copies(lt)
+                    if lt.__class__ is LifetimeColumns:
+                        lifecols.number_copies(lt)
+                    else:
+                        number_copies(lt)
+                        lt = LifetimeColumns.from_rows(lt)
                     lifetimes.extend(lt)
                 if rs:
                     restores.extend(rs)

@@ -38,7 +38,8 @@ class AnalyticsRuntime:
         self.index = Index(ttl_s=settings.node_ttl_s, retention_s=settings.node_retention_s,
                            max_nodes=settings.max_nodes, max_blocks_per_slot=settings.max_blocks_per_slot,
                            max_slots_per_node=settings.max_slots_per_node,
-                           store=settings.index_store if slots.native_available() else "python")
+                           store=settings.index_store if slots.native_available() else "python",
+                           lifetimes="columns")  # no object per ended block (processors/analytics/lifecols.py)
         self.ingest = Ingest(self.index, settings.max_message_bytes, settings.max_clock_skew_s)
         # re-stores and their stack distances (capacity curve); None: KVPIPE_ANALYTICS_CAPACITY=false
         self.restores = RestoreTracker() if settings.analytics_capacity else None
