@@ -333,31 +333,31 @@ pub fn find_hit(
     let sgs = &layout.spec_groups;
     let alignment = layout.alignment;
     let mut hit = max_length;
-    let mut found: Vec<Option<Found>> = vec![None; sgs.len()];
-    let mut lengths = vec![0i64; sgs.len()];
+    // per spec group: what it found (if looked up), its length, whether EAGLE's drop was checked
+    // (one allocation: this runs per node per route)
+    let mut state: Vec<(Option<Found>, i64, bool)> = vec![(None, 0, false); sgs.len()];
     let simple = sgs.len() == 2 && sgs[0].kind == Kind::Full;
-    let mut verified = vec![false; sgs.len()];
     loop {
         let mut cur = hit;
         for (k, sg) in sgs.iter().enumerate() {
-            if sg.kind == Kind::Full && found[k].is_some() {
-                cur = cur.min(lengths[k]); // downward closed: looked up once, then clamped
+            if sg.kind == Kind::Full && state[k].0.is_some() {
+                cur = cur.min(state[k].1); // downward closed: looked up once, then clamped
                 continue;
             }
-            let drop = sg.eagle && !verified[k];
+            let drop = sg.eagle && !state[k].2;
             let mut limit = cur;
             if drop && sg.kind != Kind::Mamba {
                 limit = (cur + eagle_margin(sg, alignment)).min(num_hashed);
             }
             let (f, new_len) = find_for(sg, &held[k], limit, alignment, drop);
             if drop {
-                verified[k] = true;
+                state[k].2 = true;
             } else if new_len < cur {
-                verified.iter_mut().for_each(|v| *v = false);
+                state.iter_mut().for_each(|v| v.2 = false);
             }
             cur = new_len;
-            found[k] = Some(f);
-            lengths[k] = new_len;
+            state[k].0 = Some(f);
+            state[k].1 = new_len;
         }
         if cur >= hit {
             break;
@@ -369,8 +369,8 @@ pub fn find_hit(
     }
     let out = sgs
         .iter()
-        .zip(found)
-        .map(|(sg, f)| {
+        .zip(state)
+        .map(|(sg, (f, _, _))| {
             let mut f = f.unwrap_or_default();
             if sg.kind == Kind::Full {
                 f.end = f.end.min(count(cdiv(hit, sg.block_size), usize::MAX));

@@ -134,17 +134,17 @@ pub struct NodeOut {
     pub groups: Vec<GroupOut>,
 }
 
-#[inline]
-fn set(bits: &mut [u64], i: usize) {
-    bits[i >> 6] |= 1 << (i & 63);
-}
-
-/// `w` set to `words` words with bits `start..end` on.
+/// `w` set to `words` words with bits `start..end` on (a word at a time).
 fn range_bits(w: &mut Vec<u64>, words: usize, start: usize, end: usize) {
     w.clear();
     w.resize(words, 0);
-    for i in start..end {
-        set(w, i);
+    let mut i = start;
+    while i < end {
+        let shift = i & 63;
+        let n = (64 - shift).min(end - i);
+        let mask = if n == 64 { u64::MAX } else { ((1u64 << n) - 1) << shift };
+        w[i >> 6] |= mask;
+        i += n;
     }
 }
 
