@@ -4,9 +4,12 @@
 //! layout id and runs `hit::find_hit` on held-position sets.
 
 pub mod batch;
+pub mod envelope;
 pub mod hit;
 pub mod route;
 pub mod store;
+
+mod ingestrun;
 
 use hit::{find_hit, Held, Kind, Layout, SpecGroup};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -627,6 +630,7 @@ fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Batch>()?;
     m.add_class::<MemberTable>()?;
     m.add_function(wrap_pyfunction!(parse_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(ingestrun::ingest_run, m)?)?;
     m.add("GPU_MEDIUM", route::GPU_ID)?;
     m.add("UNKNOWN_MEDIUM", route::UNKNOWN)?;
     Ok(())
