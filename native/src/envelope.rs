@@ -68,7 +68,6 @@ fn valid_time(v: f64) -> bool {
     (0.0..f64::INFINITY).contains(&v)
 }
 
-
 /// The envelope's fields by number (`Envelope`'s order); keys are matched as bytes (a known
 /// name is ASCII, so a match needs no UTF-8 check and anything else is refused).
 const F_V: u32 = 0;
@@ -192,7 +191,9 @@ pub fn decode<'a>(data: &'a [u8], events: &mut Parsed) -> Option<Env<'a>> {
             _ => return None,
         }
     }
-    let required = [F_V, F_NODE_ID, F_EPOCH, F_SEQ, F_TS].iter().fold(0, |a, f| a | 1 << f);
+    let required = [F_V, F_NODE_ID, F_EPOCH, F_SEQ, F_TS]
+        .iter()
+        .fold(0, |a, f| a | 1 << f);
     if seen & required != required || !rd.is_empty() {
         return None;
     }
@@ -233,8 +234,12 @@ mod tests {
         let mut fields: Vec<Field> = vec![
             ("v", &|o| rmp::encode::write_uint(o, 1).map(|_| ()).unwrap()),
             ("node_id", &|o| rmp::encode::write_str(o, "n1").unwrap()),
-            ("epoch", &|o| rmp::encode::write_uint(o, 2).map(|_| ()).unwrap()),
-            ("seq", &|o| rmp::encode::write_uint(o, 7).map(|_| ()).unwrap()),
+            ("epoch", &|o| {
+                rmp::encode::write_uint(o, 2).map(|_| ()).unwrap()
+            }),
+            ("seq", &|o| {
+                rmp::encode::write_uint(o, 7).map(|_| ()).unwrap()
+            }),
             ("ts", &|o| rmp::encode::write_f64(o, 5.0).unwrap()),
         ];
         fields.extend_from_slice(extra);

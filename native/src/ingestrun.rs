@@ -71,7 +71,8 @@ fn read_node(state: Bound<'_, PyAny>, tracked: bool) -> NodeRun {
         let slots = state.getattr("slots")?;
         for (key, slot) in slots.downcast::<PyDict>()?.iter() {
             let (group, medium): (u64, String) = key.extract()?;
-            run.slots.push((group, medium, slot.getattr("sid")?.extract()?));
+            run.slots
+                .push((group, medium, slot.getattr("sid")?.extract()?));
         }
         Ok(true)
     };
@@ -265,7 +266,11 @@ pub fn ingest_run(
         if ttl_s.is_some_and(|ttl| seen - node.last_seen > ttl) {
             break; // expiry before the envelope: the reference path's
         }
-        let events = if env.has_batch { parsed.events.len() } else { 0 };
+        let events = if env.has_batch {
+            parsed.events.len()
+        } else {
+            0
+        };
         sids.clear();
         for ev in &parsed.events[..events] {
             if ev.kind == CLEARED {

@@ -38,6 +38,13 @@ TRACKED = "c"  # has a request in flight: its envelopes take the reference path
 SPECS = [GroupSpec(group_idx=0, kind="full_attention", block_size=16),
          GroupSpec(group_idx=1, kind="sliding_window", block_size=16, sliding_window=64)]
 HASH = st.integers(1, 12)  # a small pool: stores hit existing blocks, removes find them (or not)
+# envelope fields given another type or an out-of-range value (native/src/envelope.rs must leave
+# whatever the reference decoder refuses, and read what it accepts as it does)
+FIELDS = ["v", "node_id", "epoch", "seq", "ts", "sent_ts", "model", "dp_rank", "dropped", "lost_batches", "num_events",
+          "layout", "running", "waiting", "kv_usage", "spec_mismatches", "source", "upstream_seq", "group_specs",
+          "hash_config", "batch"]
+ODD_VALUES = [None, -1, 0, 1, 2, 1.5, 0.0, "x", "", "map", b"\x01", True, 2**64 - 1, -2**63, float("nan"),
+              float("inf"), [1], {}]
 
 
 @dataclass
@@ -116,7 +123,8 @@ def streams(draw) -> list[Rec]:
                        **fields)
         value: Any = encode_envelope(env)
         headers: Any = KAFKA_HEADERS
-        bad = draw(st.sampled_from(["no"] * 40 + ["cut", "garbage", "big", "none", "header", "no header", "extra"]))
+        bad = draw(st.sampled_from(["no"] * 40 + ["cut", "garbage", "big", "none", "header", "no header", "extra"]
+                                   + ["field"] * 4))
         if bad == "cut":
             value = value[:draw(st.integers(0, len(value) - 1))]  # truncated
         elif bad == "garbage":
@@ -131,6 +139,9 @@ def streams(draw) -> list[Rec]:
             headers = None
         elif bad == "extra":
             value = msgspec.msgpack.encode({**msgspec.msgpack.decode(value), "extra": 1})  # unknown key
+        elif bad == "field":  # a field of another type or out of range: refused, or read as the reference reads it
+            value = msgspec.msgpack.encode({**msgspec.msgpack.decode(value),
+                                            draw(st.sampled_from(FIELDS)): draw(st.sampled_from(ODD_VALUES))})
         partition = draw(st.sampled_from([0] * 8 + [1]))
         offset = offsets[partition]
         jump = draw(st.sampled_from([1] * 15 + [2, -1]))  # a hole, or a replayed offset
