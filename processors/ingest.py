@@ -1,5 +1,6 @@
 """One Kafka message → index update, as a plain function shared by the Faust agents and the bench;
-`Ingest.handle_batch` runs it over a partition's fetched records (kvpipe.processors.batchdelivery).
+`Ingest.handle_batch` runs it over a partition's fetched records (kvpipe.processors.batchdelivery),
+the records of the common case in native runs with the same results (kvpipe.processors.ingestrun).
 
 No I/O here: the caller sends DLQ messages and analytics rows with what `Ingest.handle` returns.
 The per-partition bookkeeping (`applied_offset`, stream time) is what makes snapshots exact: a
