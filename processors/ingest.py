@@ -1,5 +1,6 @@
 """One Kafka message → index update, as a plain function shared by the Faust agents and the bench;
-`Ingest.handle_batch` runs it over a partition's fetched records (kvpipe.processors.batchdelivery).
+`Ingest.handle_batch` runs it over a partition's fetched records (kvpipe.processors.batchdelivery),
+the records of the common case in native runs with the same results (kvpipe.processors.ingestrun).
 
 No I/O here: the caller sends DLQ messages and analytics rows with what `Ingest.handle` returns.
 The per-partition bookkeeping (`applied_offset`, stream time) is what makes snapshots exact: a
@@ -28,7 +29,7 @@ from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 import msgspec
 
-from kvpipe.processors import slots
+from kvpipe.processors import ingestrun, slots
 from kvpipe.processors.analytics.rows import LifetimeRow
 from kvpipe.processors.index import APPLIED, REFUSED, Index
 from kvpipe.processors.router.inflight import InFlight
@@ -100,7 +101,7 @@ class Ingest:
     """The index plus the counters and offsets of the messages that fed it."""
 
     def __init__(self, index: Index, max_bytes: int, max_skew_s: float = 10.0, inflight: InFlight | None = None,
-                 native_batches: bool = False) -> None:
+                 native_batches: bool = False, native_runs: bool = True) -> None:
         self.index = index
         # vLLM batches read by the native side straight into the index (`slots.parse_batch`), for a
         # caller that needs no event objects (the routing app; the analytics app derives rows from
@@ -109,6 +110,9 @@ class Ingest:
         self.native_batches = native_batches and index.store.kind == "native" and slots.batch_reader_available()
         # the router's speculative entries for blocks in flight: a real event replaces its guess
         self.inflight = inflight
+        # `handle_batch` hands runs of common-case records to one native call each
+        # (kvpipe.processors.ingestrun); False keeps the reference, one `handle` per record
+        self.native_runs = native_runs and self.native_batches and ingestrun.available()
         self.max_bytes = max_bytes
         self.max_skew_s = max_skew_s
         self.counters: dict[str, int] = {"messages": 0, "dlq": 0, "skipped_replayed": 0, "offset_holes": 0,
@@ -170,9 +174,16 @@ class Ingest:
 
     def handle_batch(self, records: Sequence[KafkaRecord], clock: Callable[[], float] = time.time) -> Batch:
         """`handle` for each record of `records` in order, until one needs a side effect (see
-        `Batch`). One implementation: every record goes through `handle`, so a batch applies
-        exactly what the same records one at a time would. `clock` is read per record: the
-        trusted bound and `ingest_ts` are what a record-at-a-time loop would have seen."""
+        `Batch`). `clock` is read per record: the trusted bound and `ingest_ts` are what a
+        record-at-a-time loop would have seen. With `native_runs`, runs of common-case records
+        are handled natively (kvpipe.processors.ingestrun), with the same results as the reference
+        below, which sends every record through `handle`."""
+        if self.native_runs:
+            return ingestrun.handle_batch(self, records, clock)
+        return self._handle_batch_each(records, clock)
+
+    def _handle_batch_each(self, records: Sequence[KafkaRecord], clock: Callable[[], float] = time.time) -> Batch:
+        """The reference `handle_batch`: one `handle` per record."""
         handle = self.handle
         published: list[float] = []
         add = published.append

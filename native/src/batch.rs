@@ -10,7 +10,6 @@
 //! the DLQ reasons stay the reference's. `tests/property/test_native_batch.py` holds the two
 //! readers to that contract.
 
-use rmp::decode::{read_array_len, read_bin_len, read_int, read_map_len, read_str_len};
 use rmp::Marker;
 
 pub const STORED: u8 = 0;
@@ -28,6 +27,7 @@ pub struct Ev {
 
 pub const NO_MEDIUM: u16 = u16::MAX;
 
+#[derive(Default)]
 pub struct Parsed {
     pub ts: f64,
     pub events: Vec<Ev>,
@@ -42,29 +42,13 @@ impl Parsed {
     }
 }
 
-type Rd<'a> = &'a [u8];
+pub type Rd<'a> = &'a [u8];
 
-fn peek(rd: &Rd) -> Option<Marker> {
+pub(crate) fn peek(rd: &Rd) -> Option<Marker> {
     rd.first().map(|&b| Marker::from_u8(b))
 }
 
-fn is_int(m: Marker) -> bool {
-    matches!(
-        m,
-        Marker::FixPos(_)
-            | Marker::FixNeg(_)
-            | Marker::U8
-            | Marker::U16
-            | Marker::U32
-            | Marker::U64
-            | Marker::I8
-            | Marker::I16
-            | Marker::I32
-            | Marker::I64
-    )
-}
-
-fn is_nil(rd: &mut Rd) -> bool {
+pub(crate) fn is_nil(rd: &mut Rd) -> bool {
     if peek(rd) == Some(Marker::Null) {
         *rd = &rd[1..];
         true
@@ -73,29 +57,101 @@ fn is_nil(rd: &mut Rd) -> bool {
     }
 }
 
+/// `n` big-endian bytes as an unsigned value.
+#[inline]
+fn be(rd: &mut Rd, n: usize) -> Option<u64> {
+    let b = take(rd, n)?;
+    Some(b.iter().fold(0u64, |v, &x| (v << 8) | x as u64))
+}
+
+/// Any msgpack int, read straight from its bytes (this runs per token id and per block hash).
+#[inline]
+fn int(rd: &mut Rd) -> Option<i128> {
+    let m = *rd.first()?;
+    if m < 0x80 {
+        *rd = &rd[1..];
+        return Some(m as i128);
+    }
+    if m >= 0xe0 {
+        *rd = &rd[1..];
+        return Some((m as i8) as i128);
+    }
+    let (n, signed) = match m {
+        0xcc => (1, false),
+        0xcd => (2, false),
+        0xce => (4, false),
+        0xcf => (8, false),
+        0xd0 => (1, true),
+        0xd1 => (2, true),
+        0xd2 => (4, true),
+        0xd3 => (8, true),
+        _ => return None,
+    };
+    let mut body = &rd[1..];
+    let v = be(&mut body, n)?;
+    *rd = body;
+    Some(if signed {
+        // sign-extend the n-byte two's complement value
+        let shift = 64 - 8 * n as u32;
+        (((v << shift) as i64) >> shift) as i128
+    } else {
+        v as i128
+    })
+}
+
 /// Any msgpack int as its 64-bit two's complement form (`processors/slots.py: key_of`).
-fn int_u64(rd: &mut Rd) -> Option<u64> {
-    match peek(rd)? {
-        Marker::FixNeg(_) | Marker::I8 | Marker::I16 | Marker::I32 | Marker::I64 => {
-            read_int::<i64, _>(rd).ok().map(|v| v as u64)
-        }
-        m if is_int(m) => read_int::<u64, _>(rd).ok(),
-        _ => None,
-    }
+#[inline]
+pub(crate) fn int_u64(rd: &mut Rd) -> Option<u64> {
+    int(rd).map(|v| v as u64)
 }
 
-fn int_i64(rd: &mut Rd) -> Option<i64> {
-    match peek(rd)? {
-        Marker::U64 => {
-            let v = read_int::<u64, _>(rd).ok()?;
-            i64::try_from(v).ok()
-        }
-        m if is_int(m) => read_int::<i64, _>(rd).ok(),
-        _ => None,
-    }
+#[inline]
+pub(crate) fn int_i64(rd: &mut Rd) -> Option<i64> {
+    int(rd).and_then(|v| i64::try_from(v).ok())
 }
 
-fn take<'a>(rd: &mut Rd<'a>, n: usize) -> Option<&'a [u8]> {
+/// The length of a str, bin, array or map header (`fix`: the fix-size marker range's base and
+/// its mask, if the type has one; `wide`: the markers of the 8-, 16- and 32-bit lengths, 0 where there is none).
+#[inline]
+fn len_of(rd: &mut Rd, fix: Option<(u8, u8)>, wide: [u8; 3]) -> Option<usize> {
+    let m = *rd.first()?;
+    if let Some((base, mask)) = fix {
+        if m & !mask == base {
+            *rd = &rd[1..];
+            return Some((m & mask) as usize);
+        }
+    }
+    let n = match m {
+        _ if m == wide[0] && m != 0 => 1,
+        _ if m == wide[1] => 2,
+        _ if m == wide[2] => 4,
+        _ => return None,
+    };
+    let mut body = &rd[1..];
+    let v = be(&mut body, n)? as usize;
+    *rd = body;
+    Some(v)
+}
+
+type Header = (Option<(u8, u8)>, [u8; 3]);
+const STR: Header = (Some((0xa0, 0x1f)), [0xd9, 0xda, 0xdb]);
+const BIN: Header = (None, [0xc4, 0xc5, 0xc6]);
+const ARRAY: Header = (Some((0x90, 0x0f)), [0, 0xdc, 0xdd]);
+const MAP: Header = (Some((0x80, 0x0f)), [0, 0xde, 0xdf]);
+
+/// A str's bytes, not checked for UTF-8: for keys and tags compared with known ASCII names (a
+/// match is valid UTF-8; anything else is refused whatever its bytes).
+#[inline]
+pub(crate) fn raw_str<'a>(rd: &mut Rd<'a>) -> Option<&'a [u8]> {
+    let n = len_of(rd, STR.0, STR.1)?;
+    take(rd, n)
+}
+
+pub(crate) fn map_len(rd: &mut Rd) -> Option<usize> {
+    len_of(rd, MAP.0, MAP.1)
+}
+
+pub(crate) fn take<'a>(rd: &mut Rd<'a>, n: usize) -> Option<&'a [u8]> {
     if rd.len() < n {
         return None;
     }
@@ -104,25 +160,18 @@ fn take<'a>(rd: &mut Rd<'a>, n: usize) -> Option<&'a [u8]> {
     Some(a)
 }
 
-fn string<'a>(rd: &mut Rd<'a>) -> Option<&'a str> {
-    if !matches!(
-        peek(rd)?,
-        Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32
-    ) {
-        return None;
-    }
-    let n = read_str_len(rd).ok()? as usize;
-    std::str::from_utf8(take(rd, n)?).ok()
+pub(crate) fn string<'a>(rd: &mut Rd<'a>) -> Option<&'a str> {
+    std::str::from_utf8(raw_str(rd)?).ok()
 }
 
-fn opt_string<'a>(rd: &mut Rd<'a>) -> Option<Option<&'a str>> {
+pub(crate) fn opt_string<'a>(rd: &mut Rd<'a>) -> Option<Option<&'a str>> {
     if is_nil(rd) {
         return Some(None);
     }
     string(rd).map(Some)
 }
 
-fn opt_int(rd: &mut Rd) -> Option<Option<i64>> {
+pub(crate) fn opt_int(rd: &mut Rd) -> Option<Option<i64>> {
     if is_nil(rd) {
         return Some(None);
     }
@@ -130,63 +179,50 @@ fn opt_int(rd: &mut Rd) -> Option<Option<i64>> {
 }
 
 /// A block hash (int or bin) as its 64-bit key.
+#[inline]
 fn hash_key(rd: &mut Rd) -> Option<u64> {
-    match peek(rd)? {
-        Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => {
-            let n = read_bin_len(rd).ok()? as usize;
-            let b = take(rd, n)?;
-            Some(
-                b[b.len().saturating_sub(8)..]
-                    .iter()
-                    .fold(0u64, |v, &x| (v << 8) | x as u64),
-            )
-        }
-        m if is_int(m) => int_u64(rd),
-        _ => None,
+    if let Some(n) = len_of(rd, BIN.0, BIN.1) {
+        let b = take(rd, n)?;
+        return Some(
+            b[b.len().saturating_sub(8)..]
+                .iter()
+                .fold(0u64, |v, &x| (v << 8) | x as u64),
+        );
     }
+    int_u64(rd)
 }
 
-fn array_len(rd: &mut Rd) -> Option<usize> {
-    if !matches!(
-        peek(rd)?,
-        Marker::FixArray(_) | Marker::Array16 | Marker::Array32
-    ) {
-        return None;
-    }
-    read_array_len(rd).ok().map(|n| n as usize)
+pub(crate) fn array_len(rd: &mut Rd) -> Option<usize> {
+    len_of(rd, ARRAY.0, ARRAY.1)
 }
 
-fn float(rd: &mut Rd) -> Option<f64> {
+pub(crate) fn float(rd: &mut Rd) -> Option<f64> {
     match peek(rd)? {
         Marker::F64 => rmp::decode::read_f64(rd).ok(),
         Marker::F32 => rmp::decode::read_f32(rd).ok().map(f64::from),
-        m if is_int(m) => match m {
-            Marker::U64 => read_int::<u64, _>(rd).ok().map(|v| v as f64),
-            _ => int_i64(rd).map(|v| v as f64),
-        },
-        _ => None,
+        _ => int(rd).map(|v| v as f64),
     }
 }
 
 /// A field of an event type as its bit (`None`: not a field of that type); the required ones are
 /// `STORED_REQUIRED` / `REMOVED_REQUIRED`. A match, not a table scan: this runs per field per event.
-fn field_bit(kind: u8, key: &str) -> Option<u32> {
+fn field_bit(kind: u8, key: &[u8]) -> Option<u32> {
     Some(match (kind, key) {
-        (STORED | REMOVED, "block_hashes") => 0,
-        (STORED | REMOVED, "medium") => 1,
-        (STORED | REMOVED, "group_idx") => 2,
-        (STORED | REMOVED, "locality") => 3,
-        (STORED | REMOVED, "ownership") => 4,
-        (STORED, "parent_block_hash") => 5,
-        (STORED, "token_ids") => 6,
-        (STORED, "block_size") => 7,
-        (STORED, "lora_id") => 8,
-        (STORED, "lora_name") => 9,
-        (STORED, "extra_keys") => 10,
-        (STORED, "kv_cache_spec_kind") => 11,
-        (STORED, "kv_cache_spec_sliding_window") => 12,
-        (STORED, "session_id") => 13,
-        (STORED, "lookahead_token_ids") => 14,
+        (STORED | REMOVED, b"block_hashes") => 0,
+        (STORED | REMOVED, b"medium") => 1,
+        (STORED | REMOVED, b"group_idx") => 2,
+        (STORED | REMOVED, b"locality") => 3,
+        (STORED | REMOVED, b"ownership") => 4,
+        (STORED, b"parent_block_hash") => 5,
+        (STORED, b"token_ids") => 6,
+        (STORED, b"block_size") => 7,
+        (STORED, b"lora_id") => 8,
+        (STORED, b"lora_name") => 9,
+        (STORED, b"extra_keys") => 10,
+        (STORED, b"kv_cache_spec_kind") => 11,
+        (STORED, b"kv_cache_spec_sliding_window") => 12,
+        (STORED, b"session_id") => 13,
+        (STORED, b"lookahead_token_ids") => 14,
         _ => return None,
     })
 }
@@ -195,18 +231,15 @@ const REMOVED_REQUIRED: u32 = 0b11; // block_hashes, medium
 const STORED_REQUIRED: u32 = 0b11 | 0b1_1111 << 5; // and parent_block_hash .. lora_name
 
 fn event(rd: &mut Rd, keys: &mut Vec<u64>, media: &mut Vec<String>) -> Option<Ev> {
-    if !matches!(peek(rd)?, Marker::FixMap(_) | Marker::Map16 | Marker::Map32) {
-        return None;
-    }
-    let n = read_map_len(rd).ok()? as usize;
+    let n = map_len(rd)?;
     // The tag comes first (as vLLM's encoder writes it); a tag elsewhere is the reference's to read.
-    if n == 0 || string(rd)? != "type" {
+    if n == 0 || raw_str(rd)? != b"type" {
         return None;
     }
-    let kind = match string(rd)? {
-        "BlockStored" => STORED,
-        "BlockRemoved" => REMOVED,
-        "AllBlocksCleared" => CLEARED,
+    let kind = match raw_str(rd)? {
+        b"BlockStored" => STORED,
+        b"BlockRemoved" => REMOVED,
+        b"AllBlocksCleared" => CLEARED,
         _ => return None,
     };
     let required = match kind {
@@ -219,58 +252,62 @@ fn event(rd: &mut Rd, keys: &mut Vec<u64>, media: &mut Vec<String>) -> Option<Ev
     let mut group = None;
     let mut medium = NO_MEDIUM;
     for _ in 1..n {
-        let k = string(rd)?;
-        let bit = field_bit(kind, k)?;
+        let bit = field_bit(kind, raw_str(rd)?)?;
         if seen & (1 << bit) != 0 {
             return None; // a repeated key
         }
         seen |= 1 << bit;
-        match k {
-            "block_hashes" => {
+        // bits as `field_bit` numbers them
+        match bit {
+            0 => {
                 for _ in 0..array_len(rd)? {
                     keys.push(hash_key(rd)?);
                 }
             }
-            "parent_block_hash" => {
+            5 => {
                 if !is_nil(rd) {
                     hash_key(rd)?;
                 }
             }
-            "token_ids" => {
+            6 => {
                 for _ in 0..array_len(rd)? {
-                    int_u64(rd)?;
+                    int(rd)?;
                 }
             }
-            "block_size" => {
+            7 => {
                 int_i64(rd)?;
             }
-            "lora_id" | "kv_cache_spec_sliding_window" => {
+            8 | 12 => {
                 opt_int(rd)?;
             }
-            "medium" => {
-                medium = match opt_string(rd)? {
-                    None | Some("") => NO_MEDIUM,
-                    Some(m) => match media.iter().position(|x| x == m) {
+            1 => {
+                medium = if is_nil(rd) {
+                    NO_MEDIUM
+                } else {
+                    let m = raw_str(rd)?;
+                    // a medium seen before is valid UTF-8 already: checked once per batch
+                    match media.iter().position(|x| x.as_bytes() == m) {
+                        _ if m.is_empty() => NO_MEDIUM,
                         Some(at) => at as u16,
                         None if media.len() < NO_MEDIUM as usize => {
-                            media.push(m.to_owned());
+                            media.push(std::str::from_utf8(m).ok()?.to_owned());
                             (media.len() - 1) as u16
                         }
                         None => return None,
-                    },
+                    }
                 };
             }
-            "lora_name" | "kv_cache_spec_kind" | "locality" | "ownership" | "session_id" => {
+            3 | 4 | 9 | 11 | 13 => {
                 opt_string(rd)?;
             }
-            "group_idx" => {
+            2 => {
                 group = match opt_int(rd)? {
                     None => None,
                     Some(g) if g >= 0 => Some(g as u64),
                     Some(_) => return None, // the reference says why (a negative group)
                 };
             }
-            "extra_keys" | "lookahead_token_ids" => {
+            10 | 14 => {
                 if !is_nil(rd) {
                     return None;
                 }
@@ -292,29 +329,33 @@ fn event(rd: &mut Rd, keys: &mut Vec<u64>, media: &mut Vec<String>) -> Option<Ev
 
 /// The batch, or None when the reference decoder must read it (see the module doc).
 pub fn parse(mut buf: &[u8]) -> Option<Parsed> {
-    let rd = &mut buf;
+    let mut out = Parsed::default();
+    parse_into(&mut buf, &mut out)?;
+    if !buf.is_empty() {
+        return None;
+    }
+    Some(out)
+}
+
+/// One batch read from the front of `rd` into `out` (cleared first, so a caller reading many
+/// batches reuses its allocations); `rd` is left just past the batch. None: as `parse`.
+pub fn parse_into(rd: &mut Rd, out: &mut Parsed) -> Option<()> {
+    out.events.clear();
+    out.keys.clear();
+    out.media.clear();
     let n = array_len(rd)?;
     if !(2..=3).contains(&n) {
         return None;
     }
-    let ts = float(rd)?;
+    out.ts = float(rd)?;
     let count = array_len(rd)?;
-    let mut events = Vec::with_capacity(count.min(1 << 16));
-    let mut keys = Vec::new();
-    let mut media = Vec::new();
+    out.events.reserve(count.min(1 << 16));
     for _ in 0..count {
-        events.push(event(rd, &mut keys, &mut media)?);
+        let ev = event(rd, &mut out.keys, &mut out.media)?;
+        out.events.push(ev);
     }
     if n == 3 {
         opt_int(rd)?;
     }
-    if !rd.is_empty() {
-        return None;
-    }
-    Some(Parsed {
-        ts,
-        events,
-        keys,
-        media,
-    })
+    Some(())
 }

@@ -4,10 +4,13 @@
 //! layout id and runs `hit::find_hit` on held-position sets.
 
 pub mod batch;
+pub mod envelope;
 pub mod hit;
 pub mod route;
 pub mod snapshot;
 pub mod store;
+
+mod ingestrun;
 
 use hit::{find_hit, Held, Kind, Layout, SpecGroup};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -673,6 +676,7 @@ fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Batch>()?;
     m.add_class::<MemberTable>()?;
     m.add_function(wrap_pyfunction!(parse_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(ingestrun::ingest_run, m)?)?;
     m.add_function(wrap_pyfunction!(read_slot_head, m)?)?;
     m.add("GPU_MEDIUM", route::GPU_BIT)?;
     m.add("UNKNOWN_MEDIUM", route::UNKNOWN_BIT)?;
