@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import msgspec
+
 from kvpipe.gpu.hit import longest_hybrid_hit_in_views
 from kvpipe.gpu.layout import NodeLayout, node_layout
 from kvpipe.processors.index import Index, NodeState
@@ -32,6 +34,11 @@ NodeModel = NodeLayout
 # kept in the value, so an id is never reused while its entry lives.
 _models: dict[tuple[int, int], tuple[object, object, NodeModel | str]] = {}
 _MODELS_MAX = 65_536
+# ...and by their value, so nodes publishing equal specs (each decoded into its own objects) share
+# one model: a route runs its per-model work (native layout, caps) once per distinct model, not
+# once per node
+_by_value: dict[bytes, NodeModel | str] = {}
+_encode = msgspec.msgpack.Encoder().encode
 
 
 def node_model(node: NodeState) -> NodeModel | str:
@@ -42,10 +49,16 @@ def node_model(node: NodeState) -> NodeModel | str:
     hit = _models.get(key)
     if hit is not None and hit[0] is specs and hit[1] is cfg:
         return hit[2]
-    try:
-        model: NodeModel | str = node_layout(specs or (), cfg)
-    except ValueError as exc:
-        model = f"{exc}: per-group prefix semantics"
+    value = _encode((specs, cfg))
+    model = _by_value.get(value)
+    if model is None:
+        try:
+            model = node_layout(specs or (), cfg)
+        except ValueError as exc:
+            model = f"{exc}: per-group prefix semantics"
+        if len(_by_value) >= _MODELS_MAX:
+            _by_value.clear()
+        _by_value[value] = model
     if len(_models) >= _MODELS_MAX:
         _models.clear()
     _models[key] = (specs, cfg, model)

@@ -80,3 +80,26 @@ def test_a_top_k_answer_builds_only_the_rows_it_can_show(monkeypatch):
         assert many > 3 and len(built) <= 3, (many, len(built))  # 24 nodes hold each document here
         assert a.nodes == full.nodes[:2]
         built.clear()
+
+
+def test_nodes_publishing_equal_specs_share_one_model():
+    """Each envelope decodes into its own spec objects; equal ones must still give one model, so
+    a route's per-model work runs once per distinct layout, not once per node."""
+    import msgspec
+
+    from kvpipe.processors.index import NodeState
+    from kvpipe.processors.route_hma import node_model
+
+    specs = bench.layout(2)
+    nodes = []
+    for i in range(3):
+        n = NodeState(f"n{i}", 1, 0)
+        n.group_specs = [msgspec.structs.replace(g) for g in specs]
+        n.hash_config = msgspec.structs.replace(bench.CONFIGS[0])
+        nodes.append(n)
+    models = [node_model(n) for n in nodes]
+    assert models[0] is models[1] is models[2]
+    other = NodeState("x", 1, 0)
+    other.group_specs = [msgspec.structs.replace(g) for g in bench.layout(1)]
+    other.hash_config = msgspec.structs.replace(bench.CONFIGS[0])
+    assert node_model(other) is not models[0]
