@@ -186,24 +186,15 @@ def export_partition(index: Index, partition: int, gen: int, chunk_bytes: int = 
     core = _native_core(index, native)
     if core is not None:
         return _export_native(index, core, partition, gen, chunk_bytes)
-    chunks: list[bytes] = []
-    current: list[NodeSnap] = []
-    size = 0
+    out = _Chunks(partition, gen)
     nodes = blocks = 0
-
-    def flush() -> None:
-        nonlocal current, size
-        if current:
-            chunks.append(_encoder.encode(Chunk(partition, gen, len(chunks), current)))
-            current, size = [], 0
-
     for node in index.nodes.values():
         if node.partition != partition:
             continue
         nodes += 1
         header = _node_header(node, [])
-        current.append(header)
-        size += _NODE_BYTES
+        out.current.append(header)
+        out.size += _NODE_BYTES
         for slot in node.slots.values():
             entries = slot.blocks.items()  # one read: keys and times in one order
             hashes = [h for h, _ in entries]
@@ -212,54 +203,46 @@ def export_partition(index: Index, partition: int, gen: int, chunk_bytes: int = 
             blocks += len(hashes)
             start = 0
             while True:
-                end, room = start, chunk_bytes - size
+                end, room = start, chunk_bytes - out.size
                 while end < len(hashes) and room > 0:
                     room -= _hash_bytes(hashes[end]) + 9
                     end += 1
                 piece = SlotSnap(slot.group, slot.medium, hashes[start:end], stored[start:end],
                                  {h: dups[h] for h in hashes[start:end] if h in dups} if dups else {})
                 header.slots.append(piece)
-                size = chunk_bytes - room
+                out.size = chunk_bytes - room
                 start = end
                 if start >= len(hashes):
                     break
-                flush()  # the chunk is full: the rest of this slot goes on in the next chunk
+                out.flush()  # the chunk is full: the rest of this slot goes on in the next chunk
                 header = _node_header(node, [])
-                current.append(header)
-                size = _NODE_BYTES
-        if size >= chunk_bytes:
-            flush()
-    flush()
-    return chunks, nodes, blocks
+                out.current.append(header)
+                out.size = _NODE_BYTES
+        if out.size >= chunk_bytes:
+            out.flush()
+    out.flush()
+    return out.chunks, nodes, blocks
 
 
 def _export_native(index: Index, core, partition: int, gen: int, chunk_bytes: int) -> tuple[list[bytes], int, int]:
     """`export_partition`'s walk with each slot written by the extension: the same pieces (the
     chunk sizing of the Python walk, with every hash a 64-bit int: `_ENTRY` bytes an entry), so
     the same bytes."""
-    chunks: list[bytes] = []
-    current: list[NodeSnap] = []
-    size = 0
+    out = _Chunks(partition, gen)
     nodes = blocks = 0
-
-    def flush() -> None:
-        nonlocal current, size
-        if current:
-            chunks.append(_encoder.encode(Chunk(partition, gen, len(chunks), current)))
-            current, size = [], 0
-
     for node in index.nodes.values():
         if node.partition != partition:
             continue
         nodes += 1
         header = _node_header(node, [])
-        current.append(header)
-        size += _NODE_BYTES
+        out.current.append(header)
+        out.size += _NODE_BYTES
         for slot in node.slots.values():
             n = core.slot_len(slot.sid)
             blocks += n
             # cut the slot where the Python walk would: a piece takes entries while its chunk has room
             cuts, headers, start = [0], [header], 0
+            size = out.size
             while True:
                 room = chunk_bytes - size
                 take = min(n - start, -(-room // _ENTRY)) if room > 0 else 0
@@ -273,16 +256,31 @@ def _export_native(index: Index, core, partition: int, gen: int, chunk_bytes: in
                 size = _NODE_BYTES
             pieces = core.snapshot_slot(slot.sid, slot.group, slot.medium, cuts)
             headers[0].slots.append(msgspec.Raw(pieces[0]))
-            last_size = size
             for piece, head in zip(pieces[1:], headers[1:]):
-                flush()  # the chunk is full: the rest of this slot goes on in the next chunk
+                out.flush()  # the chunk is full: the rest of this slot goes on in the next chunk
                 head.slots.append(msgspec.Raw(piece))
-                current.append(head)
-            size = last_size
-        if size >= chunk_bytes:
-            flush()
-    flush()
-    return chunks, nodes, blocks
+                out.current.append(head)
+            out.size = size
+        if out.size >= chunk_bytes:
+            out.flush()
+    out.flush()
+    return out.chunks, nodes, blocks
+
+
+class _Chunks:
+    """One partition's generation of chunks as the walk fills them: the open chunk's nodes and
+    its size so far; `flush` encodes it and starts the next."""
+
+    def __init__(self, partition: int, gen: int) -> None:
+        self.partition, self.gen = partition, gen
+        self.chunks: list[bytes] = []
+        self.current: list[NodeSnap] = []
+        self.size = 0
+
+    def flush(self) -> None:
+        if self.current:
+            self.chunks.append(_encoder.encode(Chunk(self.partition, self.gen, len(self.chunks), self.current)))
+            self.current, self.size = [], 0
 
 
 _ENTRY = 18  # a 64-bit hash and a float64 with their markers (`_hash_bytes` of an int + 9)

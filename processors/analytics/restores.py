@@ -233,25 +233,16 @@ class RestoreTracker:
         if idxs != sorted(idxs):  # not in event order (see observe): stable, like sorting the rows
             cols = cols.take(sorted(range(len(idxs)), key=idxs.__getitem__))
             idxs = cols.idx
-        nodes, groups, media = cols.node_id, cols.group_idx, cols.medium
-        hashes, removed = cols.block_hash, cols.removed_ts
         reasons = _end_reasons(cols)
-        slots = self.slots
         out: list[RestoreRow] = []
         j, n_ends = 0, len(idxs)
         for idx, ev in enumerate(events):
-            while j < n_ends and idxs[j] <= idx:  # `_end` of row j, inlined
-                slot = slots.get((nodes[j], groups[j], media[j]))
-                if slot is not None:
-                    h = hashes[j]
-                    if h in slot.stack._last:  # noqa: SLF001 - see _end
-                        ended = slot.ended
-                        ended[h] = (removed[j], reasons[j])
-                        if len(ended) > slot.prune_at:
-                            slot.prune()
-                    if slot.held:
-                        slot.held -= 1
-                j += 1
+            stop = j
+            while stop < n_ends and idxs[stop] <= idx:  # the rows this event (or one before it) ended
+                stop += 1
+            if stop > j:
+                self._end_columns(cols, reasons, j, stop)
+                j = stop
             if ev.__class__ is BlockStored:
                 self._stored(env, ev, idx, partition, offset, kinds, out)
         if j < n_ends:

@@ -24,7 +24,7 @@ from kvpipe.processors.index import Index
 from kvpipe.processors.ingest import Ingest
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
-from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from tests.property.streams import events as event_strategy
 
 if not slots.native_available():
     if os.environ.get("KVPIPE_NATIVE") == "0":
@@ -38,18 +38,7 @@ SPECS = [GroupSpec(group_idx=0, kind="full_attention", block_size=16),
          GroupSpec(group_idx=1, kind="sliding_window", block_size=16, sliding_window=128)]
 
 
-@st.composite
-def event(draw):
-    group = draw(st.sampled_from([None, 0, 1, 2]))
-    medium = draw(st.sampled_from([None, "GPU", "GPU", "CPU"]))
-    kind = draw(st.integers(0, 11))
-    hashes = draw(st.lists(HASHES, max_size=6))
-    if kind == 0:
-        return AllBlocksCleared()
-    if kind <= 5:
-        return BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=[], block_size=16, lora_id=None,
-                           medium=medium, lora_name=None, group_idx=group)
-    return BlockRemoved(block_hashes=hashes, medium=medium, group_idx=group)
+EVENT = event_strategy(HASHES, [None, "GPU", "GPU", "CPU"], 11)
 
 
 @st.composite
@@ -63,7 +52,7 @@ def envelope(draw, t: float):
     env = Envelope(v=SCHEMA_MAJOR, node_id=node, epoch=epoch, seq=seq, ts=ts, sent_ts=ts, lost_batches=lost,
                    group_specs=specs)
     timer = draw(st.sampled_from([None] * 6 + [0, 1]))  # the expiry timer fires for this partition after it
-    return env, draw(st.lists(event(), max_size=6)), draw(st.sampled_from([0, 0, 1])), timer
+    return env, draw(st.lists(EVENT, max_size=6)), draw(st.sampled_from([0, 0, 1])), timer
 
 
 @st.composite

@@ -19,7 +19,8 @@ from kvpipe.processors.index import Index
 from kvpipe.processors.route_hma import held_positions
 from kvpipe.processors.snapshot import decode_chunk, export_partition, import_chunks
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
-from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpipe.schemas.events import BlockStored
+from tests.property.streams import events as event_strategy
 
 if not slots.native_available():
     if os.environ.get("KVPIPE_NATIVE") == "0":
@@ -32,18 +33,8 @@ HASHES = st.one_of(st.integers(0, 12), st.integers(2**64 - 3, 2**64 + 2), st.int
                    st.sampled_from([b"\x00" * 24 + (3).to_bytes(8, "big"), b"abc", b"\xff" * 32]))
 
 
-@st.composite
-def event(draw):
-    group = draw(st.sampled_from([None, 0, 1, 2]))
-    medium = draw(st.sampled_from([None, "GPU", "GPU", "CPU", ""]))  # "": GPU, as vLLM reads a missing medium
-    kind = draw(st.integers(0, 9))
-    hashes = draw(st.lists(HASHES, max_size=6))
-    if kind == 0:
-        return AllBlocksCleared()
-    if kind <= 5:
-        return BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=[], block_size=16, lora_id=None,
-                           medium=medium, lora_name=None, group_idx=group)
-    return BlockRemoved(block_hashes=hashes, medium=medium, group_idx=group)
+# "": GPU, as vLLM reads a missing medium
+EVENT = event_strategy(HASHES, [None, "GPU", "GPU", "CPU", ""], 9)
 
 
 @st.composite
@@ -54,7 +45,7 @@ def envelope(draw, t: float):
     lost = draw(st.sampled_from([0] * 12 + [1]))
     ts = t + draw(st.sampled_from([0.0, 0.5, 1.0, 40.0]))  # 40 s: past the TTL below
     env = Envelope(v=SCHEMA_MAJOR, node_id=node, epoch=epoch, seq=seq, ts=ts, sent_ts=ts, lost_batches=lost)
-    return env, draw(st.lists(event(), max_size=5)), draw(st.sampled_from([0, 0, 1]))
+    return env, draw(st.lists(EVENT, max_size=5)), draw(st.sampled_from([0, 0, 1]))
 
 
 @st.composite
