@@ -9,6 +9,7 @@ pub mod hit;
 pub mod route;
 pub mod snapshot;
 pub mod store;
+pub mod tokenhash;
 
 mod ingestrun;
 
@@ -669,6 +670,40 @@ fn with_buffer<T>(
     f(d)
 }
 
+/// vLLM's default block hashes (`sha256`, no extra keys) of every full `unit` of `tokens`,
+/// chained from `parent` (`tokenhash::sha256_chain`), in the published form: the digest's last 8
+/// bytes as an int (`int_hashes`) or the digest. None when a unit falls outside what the native
+/// side writes (the caller hashes in Python then).
+#[pyfunction]
+fn sha256_token_chain<'py>(
+    py: Python<'py>,
+    parent: &[u8],
+    tokens: &Bound<'py, PyAny>,
+    unit: usize,
+    int_hashes: bool,
+) -> PyResult<Option<Vec<PyObject>>> {
+    let Ok(tokens) = tokens.extract::<Vec<i64>>() else {
+        return Ok(None); // a token past 64 bits, or not an int: the reference decides
+    };
+    let Some(digests) = py.allow_threads(|| tokenhash::sha256_chain(parent, &tokens, unit)) else {
+        return Ok(None);
+    };
+    Ok(Some(
+        digests
+            .iter()
+            .map(|d| {
+                if int_hashes {
+                    let tail: [u8; 8] = d[24..].try_into().expect("32-byte digest");
+                    let Ok(int) = u64::from_be_bytes(tail).into_pyobject(py); // infallible for u64
+                    int.into_any().unbind()
+                } else {
+                    pyo3::types::PyBytes::new(py, d).into_any().unbind()
+                }
+            })
+            .collect(),
+    ))
+}
+
 #[pymodule]
 fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HitEngine>()?;
@@ -676,6 +711,7 @@ fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Batch>()?;
     m.add_class::<MemberTable>()?;
     m.add_function(wrap_pyfunction!(parse_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(sha256_token_chain, m)?)?;
     m.add_function(wrap_pyfunction!(ingestrun::ingest_run, m)?)?;
     m.add_function(wrap_pyfunction!(read_slot_head, m)?)?;
     m.add("GPU_MEDIUM", route::GPU_BIT)?;

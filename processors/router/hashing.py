@@ -17,11 +17,14 @@ from collections.abc import Mapping, Sequence
 
 from kvpipe.gpu.hashing import RequestKeys, external_hash, hash_request_blocks, hasher_from_config
 from kvpipe.gpu.hit import ViewCache
+from kvpipe.processors.router.hits import kvpipe_native
 from kvpipe.processors.router.model import HashConfigUsed
 from kvpipe.schemas.envelope import GroupSpec, HashConfig
 from kvpipe.schemas.events import ExternalHash
 
 ConfigKey = tuple[str, int, str, str | None, bool]
+# `tests/property/test_native_token_hash.py` holds it equal to `kvpipe.gpu.hashing`'s chain
+_native_chain = getattr(kvpipe_native, "sha256_token_chain", None)
 
 
 def config_key(config: HashConfig) -> ConfigKey:
@@ -50,12 +53,17 @@ class ConfigHashes:
     def __init__(self, config: HashConfig, token_ids: Sequence[int], keys: RequestKeys | None) -> None:
         hasher = hasher_from_config(config)  # ValueError: the caller reports the node as no signal
         t0 = time.perf_counter()
-        fine = hash_request_blocks(hasher, token_ids, config.hash_block_size, keys)
         ints = config.int_hashes
-        external: list[ExternalHash] = [external_hash(d, ints) for d in fine]
+        external: list[ExternalHash] | None = None
+        if config.algorithm == "sha256" and (keys is None or keys.empty) and _native_chain is not None:
+            # vLLM's default hash built natively from the token ids (None: a shape it leaves to us)
+            external = _native_chain(hasher.none_hash, token_ids, config.hash_block_size, ints)
+        if external is None:
+            fine = hash_request_blocks(hasher, token_ids, config.hash_block_size, keys)
+            external = [external_hash(d, ints) for d in fine]
         self.seconds = time.perf_counter() - t0
         self.config = config
-        self.hash_blocks = len(fine)
+        self.hash_blocks = len(external)
         self.views = ViewCache(external, config.hash_block_size)
         self.nodes = 0
 
