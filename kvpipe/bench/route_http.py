@@ -92,7 +92,7 @@ def _over_http(args: SimpleNamespace) -> dict[str, Any]:
                                  "KVPIPE_ROUTE_STALE_AFTER_S": "3600"}, tmp / "processor.log")
         proc.start()
         proc.wait_offsets({p: ends.get(p, 0) for p in range(args.partitions)}, timeout=300)
-        wall, hashing, search, hits = [], [], [], []
+        wall, hashing, search, hits, decision, floor = [], [], [], [], [], []
         with RouterClient(proc.url, token=settings.api_token_value() or None, timeout_s=30.0) as client:
             for i, tokens in enumerate(requests):
                 t = time.perf_counter()
@@ -105,12 +105,23 @@ def _over_http(args: SimpleNamespace) -> dict[str, Any]:
                 search.append(answer.search_s)
                 best = answer.nodes[0] if answer.nodes else None
                 hits.append(best.gpu_tokens + best.loadable_tokens if best else 0)
+            # the decision alone (top_k 1), and the floor: the same connection's round trip to /health
+            for tokens in requests[args.warmup:]:
+                t = time.perf_counter()
+                client.route(RouteRequest(token_ids=tokens, top_k=1))
+                decision.append(time.perf_counter() - t)
+            for _ in requests[args.warmup:]:
+                t = time.perf_counter()
+                client.health()
+                floor.append(time.perf_counter() - t)
     finally:
         if proc is not None:
             proc.stop()
         if not args.keep_topics:
             _delete(bootstrap, [topic, dlq, snaps], security)
-    return {"requests": args.requests, "route_wall": bench.summary(wall), "server_hashing": bench.summary(hashing),
+    return {"requests": args.requests, "route_wall": bench.summary(wall),
+            "decision_top_k_1_wall": bench.summary(decision), "health_wall": bench.summary(floor),
+            "server_hashing": bench.summary(hashing),
             "server_search": bench.summary(search), "mean_best_hit_tokens": round(statistics.fmean(hits), 1),
             "routes_per_s": round(len(wall) / sum(wall), 1)}
 

@@ -24,7 +24,7 @@ _encoder = msgspec.json.Encoder()
 _answer_decoder = msgspec.json.Decoder(RouteAnswer)
 _error_decoder = msgspec.json.Decoder(ErrorBody)
 
-ROUTE, SENT, FINISHED, OPENAPI = "/route", "/route/sent", "/route/finished", "/openapi.json"
+ROUTE, SENT, FINISHED, OPENAPI, HEALTH = "/route", "/route/sent", "/route/finished", "/openapi.json", "/health"
 
 
 def _headers(token: str | None) -> dict[str, str]:
@@ -72,6 +72,10 @@ class RouterClient:
 
     def openapi(self) -> dict[str, Any]:
         return msgspec.json.decode(self._call("GET", OPENAPI, None))
+
+    def health(self) -> dict[str, Any]:
+        """The worker's liveness answer (status, owned partitions, uptime)."""
+        return msgspec.json.decode(self._call("GET", HEALTH, None))
 
     def close(self) -> None:
         if self._conn is not None:
@@ -138,6 +142,10 @@ class AsyncRouterClient:
 
     async def openapi(self) -> dict[str, Any]:
         return msgspec.json.decode(await self._call("GET", OPENAPI, None))
+
+    async def health(self) -> dict[str, Any]:
+        """The worker's liveness answer (status, owned partitions, uptime)."""
+        return msgspec.json.decode(await self._call("GET", HEALTH, None))
 
     async def close(self) -> None:
         if self._session is not None:

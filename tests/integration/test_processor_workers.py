@@ -239,9 +239,11 @@ def test_the_client_round_trips_sync_and_async_against_the_group(group: Group):
         client.sent("req-c", sync[0].chosen, tokens)
         client.finished("req-c")
         doc = client.openapi()
+        health = client.health()
 
     async def with_async():
         async with AsyncRouterClient(b.url) as client:
+            assert (await client.health())["status"] == "ok"
             return [await client.route(RouteRequest(token_ids=tokens)) for _ in range(2)]
 
     import asyncio
@@ -255,6 +257,7 @@ def test_the_client_round_trips_sync_and_async_against_the_group(group: Group):
     row = next(r for r in answers[0].nodes if r.node_id == sync[0].chosen)
     assert row.speculative and row.gpu_tokens == len(DOCS[1]) and row.load.waiting == LOADS[row.node_id][1]
     assert doc["openapi"].startswith("3.1") and "/route" in doc["paths"]
+    assert health["status"] == "ok" and health["owned_partitions"]
 
 
 def test_every_example_of_the_openapi_document_is_accepted_by_the_running_group(group: Group):
