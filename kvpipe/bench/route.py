@@ -184,6 +184,7 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     tree = build_dynamo(radix, envelopes) if radix is not None else None
     fa_hasher = hasher_from_config(CONFIGS[0])
     dyn: list[float] = []
+    dynamo_checked = 0  # requests whose node → prefix depth answers were equal on both sides
     cohort_calls: list[float] = []  # the native cohort call(s) alone: every node's hits, nothing else
     decision: dict[str, list[float]] = {"search": [], "total": []}
     hits = []
@@ -219,7 +220,17 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
         if tree is not None:
             fa = [external_hash(h, CONFIGS[0].int_hashes)
                   for h in hash_request_blocks(fa_hasher, tokens, CONFIGS[0].hash_block_size)]
-            dyn.append(find_dynamo(tree, fa)[0])
+            took, scores = find_dynamo(tree, fa)
+            dyn.append(took)
+            # the same question on our index: each node's longest full-attention prefix on any medium
+            prefix = route(index, RouteRequest(block_hashes={0: fa}, semantics="prefix-per-group", include_zero=True),
+                           now=1.0)
+            ours = {int(row.node_id.rsplit("-", 1)[1]): row.groups[0].prefix_blocks["any"]  # type: ignore[index]
+                    for row in prefix.nodes if row.groups and row.groups[0].prefix_blocks}
+            theirs = {(k[0] if isinstance(k, tuple) else k): v for k, v in dict(scores).items()}
+            if {k: v for k, v in ours.items() if v} != {k: v for k, v in theirs.items() if v}:
+                raise RuntimeError(f"request {r}: Dynamo's node → depth answer differs from our index's prefixes")
+            dynamo_checked += 1
     main = timed[engines[0]]
     out = {
         "nodes": nodes, "requests": requests, "documents": documents, "prompt_tokens": prompt_tokens,
@@ -246,6 +257,7 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     if tree is not None:
         d = summary(dyn)
         out["dynamo_radix_tree"] = {"find_matches": d, "semantics": "one group (full attention), prefix, no media",
+                                    "answers_checked": dynamo_checked,
                                     "ratio_dynamo_p50_over_ours_search_p50":
                                         round(d["p50_us"] / max(out["search"]["p50_us"], 0.1), 4)}
         out["dynamo_radix_tree"]["ratio_dynamo_p50_over_decision_search_p50"] = round(
