@@ -112,7 +112,7 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
         no_signal.extend(planned.config_problems)
         cohorts = token_cohorts(planned, hasher, no_signal)
     else:
-        cohorts = _hash_cohorts(eligible, checked, no_signal)
+        cohorts = _hash_cohorts(planned, checked, no_signal)
     t_search = time.perf_counter()
     loads = loads or {}
     rows: list[NodeRoute] = []
@@ -354,32 +354,25 @@ def token_cohorts(planned: Plan, hasher: PromptHasher, no_signal: list[NoSignal]
     return cohorts
 
 
-def _hash_cohorts(eligible: list[tuple[NodeState, NodeModel]], checked: Checked,
-                  no_signal: list[NoSignal]) -> Cohorts:
-    """Nodes grouped by group layout; a node whose layout the lists do not fit is no signal
-    (cause "lists"; `finish` makes it a 400 when no node fits)."""
+def _hash_cohorts(planned: Plan, checked: Checked, no_signal: list[NoSignal]) -> Cohorts:
+    """The plan's layout cohorts with this request's lists; the nodes of a layout the lists do not
+    fit are no signal (cause "lists"; `finish` makes it a 400 when no node fits)."""
     given = checked.hash_lists
     assert given is not None
     cohorts: Cohorts = {}
-    for node, model in eligible:
-        sizes = {g: s.block_size for g, s in zip(model.groups, model.specs)}
-        fine = tuple(g for g in model.groups if model.searched_at_unit(g))
-        key = (tuple(sorted(sizes.items())), fine, model.hash_block_size if fine else 0)
-        cohort = cohorts.get(key)
-        if cohort is None:
-            why = check_group_lists(given, sizes, checked.num_tokens)
-            if why is not None:
-                no_signal.append(NoSignal(node.node_id, why, "lists"))
-                continue
-            lists = dict(given)
-            for g, bs in sizes.items():  # a group not named borrows a named group's list at its block size
-                if g not in lists:
-                    other = next((o for o in given if sizes[o] == bs), None)
-                    if other is not None:
-                        lists[g] = given[other]
-            # block-level lists: a group searched at the hash unit gets placeholders inside blocks
-            cohort = cohorts[key] = (at_units(model, lists), [])
-        cohort[1].append((node, model))
+    for key, (sizes, members) in planned.by_layout.items():
+        why = check_group_lists(given, sizes, checked.num_tokens)
+        if why is not None:
+            no_signal.extend(NoSignal(node.node_id, why, "lists") for node, _ in members)
+            continue
+        lists = dict(given)
+        for g, bs in sizes.items():  # a group not named borrows a named group's list at its block size
+            if g not in lists:
+                other = next((o for o in given if sizes[o] == bs), None)
+                if other is not None:
+                    lists[g] = given[other]
+        # block-level lists: a group searched at the hash unit gets placeholders inside blocks
+        cohorts[key] = (at_units(members[0][1], lists), members)
     return cohorts
 
 

@@ -42,6 +42,10 @@ class Plan(NamedTuple):
     by_config: dict[tuple, ConfigNodes]  # token-id routes: eligible nodes with a usable configuration
     config_problems: list[NoSignal]  # token-id routes: eligible nodes whose hashes cannot be computed
     models: set[str | None]  # the eligible nodes' models (a node's model change moves the generation)
+    # block-hash routes: eligible nodes by group layout (block size per group, groups searched at
+    # the hash unit), in node id order of first member; the member lists are kept, so a cohort's
+    # native member table is built once per plan, not per request
+    by_layout: dict[tuple, tuple[dict[int, int], list[Member]]]
 
 
 def plan(index: Index, model: str | None) -> Plan:
@@ -89,8 +93,14 @@ def _make(index: Index, model: str | None) -> Plan:
         if cohort is None:
             cohort = per.cohorts[key] = Cohort(specs, fine, [])
         cohort.members.append((node, m))
+    by_layout: dict[tuple, tuple[dict[int, int], list[Member]]] = {}
+    for node, m in eligible:
+        sizes = {g: s.block_size for g, s in zip(m.groups, m.specs)}
+        fine = tuple(g for g in m.groups if m.searched_at_unit(g))
+        key = (tuple(sorted(sizes.items())), fine, m.hash_block_size if fine else 0)
+        by_layout.setdefault(key, (sizes, []))[1].append((node, m))
     return Plan(index.generation, model, no_signal, eligible, by_config, config_problems,
-                {n.model for n, _ in eligible})
+                {n.model for n, _ in eligible}, by_layout)
 
 
 def label(cfg: HashConfig) -> str:
