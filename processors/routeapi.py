@@ -37,9 +37,16 @@ class NodeLoads(Mapping[str, Load]):
         self._nodes = index.nodes
 
     def __getitem__(self, node_id: str) -> Load:
-        node = self._nodes[node_id]
-        if node.load is None:
+        got = self.get(node_id)
+        if got is None:
             raise KeyError(node_id)
+        return got
+
+    def get(self, node_id: str, default: Load | None = None) -> Load | None:  # type: ignore[override]
+        # without an exception per node that never reported a load (a route asks once per row)
+        node = self._nodes.get(node_id)
+        if node is None or node.load is None:
+            return default
         running, waiting, kv_usage = node.load
         return Load(running or 0, waiting or 0, kv_usage or 0.0)
 

@@ -238,7 +238,7 @@ def _zero_cannot_win(rows: list[NodeRoute], light: list[Light], s: Scoring, load
     >= 0 and loads known to be >= 0: none given, or the index's, which refuses negative ones)."""
     if min(s.running_weight, s.waiting_weight, s.kv_usage_weight) < 0:
         return False
-    if loads and not getattr(loads, "nonnegative", False):
+    if not getattr(loads, "nonnegative", False) and loads:  # (a mapping's size can cost a pass over it)
         return False
     return any(r.score > 0 and _TIER[r.state] == 0 for r in rows) or any(x[9] > 0 and x[0][0] == 0 for x in light)
 

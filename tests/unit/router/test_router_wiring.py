@@ -3,6 +3,7 @@ in-flight accounting fed by the ingest path, and one worker's answer (`kvpipe.pr
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from kvpipe.processors import routeapi
 from kvpipe.processors.index import Index
@@ -47,6 +48,10 @@ def test_the_latest_reported_load_is_kept_per_node_and_moves_the_choice():
     # a reports 25 waiting requests: 1.0 - 25 · 0.05 < 0, the idle empty node wins (decide's formula)
     ingest.handle(message("a", 1, [], waiting=25, running=4, kv_usage=0.9), KAFKA_HEADERS, 0, 2, 101.0)
     assert routeapi.node_loads(ingest.index) == {"a": Load(running=4, waiting=25, kv_usage=0.9)}
+    loads = routeapi.NodeLoads(ingest.index)
+    assert loads.get("b") is None and loads.get("nobody", Load()) == Load() and "b" not in loads
+    with pytest.raises(KeyError):
+        loads["b"]  # never reported: no load, as a mapping says it
     got = answer(ingest, inflight, req)
     assert got.chosen == "b" and next(r for r in got.nodes if r.node_id == "a").load == Load(4, 25, 0.9)
     # a heartbeat without load fields keeps the last report; a new report replaces it
