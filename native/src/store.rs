@@ -170,7 +170,7 @@ impl Store {
             extra: 0,
             blocks: HashTable::new(),
         };
-        self.groups.entry(group).or_insert_with(HashTable::new);
+        self.groups.entry(group).or_default();
         self.slot_version += 1;
         if let Some(id) = self.free.pop() {
             self.slots[id as usize] = slot;
