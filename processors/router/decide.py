@@ -114,7 +114,7 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
     else:
         cohorts = _hash_cohorts(planned, checked, no_signal)
     t_search = time.perf_counter()
-    loads = loads or {}
+    loads = {} if loads is None else loads  # (not `or`: sizing a mapping can cost a pass over it)
     rows: list[NodeRoute] = []
     pending: list[Pending] = []
     jobs: list[Job] = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from kvpipe.gpu.hashing import RequestKeys, external_hash, hash_request_blocks, hasher_from_config
+from kvpipe.gpu.hashing import BlockHasher, RequestKeys, external_hash, hash_request_blocks, hasher_from_config
 from kvpipe.gpu.hit import ViewCache
 from kvpipe.processors.router.hits import kvpipe_native
 from kvpipe.processors.router.model import HashConfigUsed
@@ -45,13 +45,35 @@ def layout_mismatch(config: HashConfig, specs: Sequence[GroupSpec]) -> str | Non
     return None
 
 
+# Hashers by configuration (a hasher digests its none-hash seed when made: once per configuration,
+# not once per request), or why the configuration cannot be hashed here
+_hashers: dict[ConfigKey, BlockHasher | str] = {}
+_HASHERS_MAX = 1024
+
+
+def _hasher(config: HashConfig) -> BlockHasher:
+    key = config_key(config)
+    got = _hashers.get(key)
+    if got is None:
+        try:
+            got = hasher_from_config(config)
+        except ValueError as exc:
+            got = str(exc)
+        if len(_hashers) >= _HASHERS_MAX:
+            _hashers.clear()
+        _hashers[key] = got
+    if isinstance(got, str):
+        raise ValueError(got)
+    return got
+
+
 class ConfigHashes:
     """One configuration's hashes of one prompt, and the per-block-size views of them."""
 
     __slots__ = ("config", "views", "hash_blocks", "seconds", "nodes")
 
     def __init__(self, config: HashConfig, token_ids: Sequence[int], keys: RequestKeys | None) -> None:
-        hasher = hasher_from_config(config)  # ValueError: the caller reports the node as no signal
+        hasher = _hasher(config)  # ValueError: the caller reports the node as no signal
         t0 = time.perf_counter()
         ints = config.int_hashes
         external: list[ExternalHash] | None = None
