@@ -24,8 +24,9 @@ from kvpipe.processors.router.model import PREFIX_PER_GROUP, Load, NodeRoute, Ro
 from kvpipe.processors.router.rows import TIER, Zero, liveness, penalty
 
 Member = tuple[NodeState, NodeModel]
-# per touched member: (member index, gpu tokens, any tokens, [(gpu blocks, blocks used, media mask)])
-Touched = dict[int, tuple[int, int, list[tuple[int, int, int]]]]
+# per touched member, in member order: (member index, gpu tokens, any tokens,
+# [(gpu blocks, blocks used, media mask)] per group)
+Touched = list[tuple[int, int, int, list[tuple[int, int, int]]]]
 
 
 def cohort_hits(index: Index, search: HitSearch, lists: dict[int, list], members: Sequence[Member],
@@ -50,9 +51,8 @@ def cohort_hits(index: Index, search: HitSearch, lists: dict[int, list], members
         args.append(got)
     if search.native_engine is not engine:  # the engine started afresh while registering: ids moved
         return None
-    answers = store.core.route_cohort(engine, [(g, lists[g]) for g in groups], table, args,  # type: ignore[union-attr]
-                                      store.media_rank())  # type: ignore[union-attr]
-    return {m: (gpu, any_, per_group) for m, gpu, any_, per_group in answers}
+    return store.core.route_cohort(engine, [(g, lists[g]) for g in groups], table, args,  # type: ignore[union-attr]
+                                   store.media_rank())  # type: ignore[union-attr]
 
 
 # A cohort's native member table, by the identity of its member list (the router's plan keeps one
@@ -110,9 +110,11 @@ def touched_light(out: list[Light], zero: dict[int, Zero], shape: Callable[[Node
     # `rows.score` term by term in its order (the same floats), with the load term once per
     # distinct load and the cap once per model
     ow, cw = scoring.overlap_weight, scoring.cpu_weight
+    no_penalty = penalty(no_load, 0, scoring)
     penalties: dict[int, float] = {}
     shapes: dict[int, tuple[Zero, int]] = {}
-    for m, (gpu_tokens, any_tokens, per_group) in touched.items():
+    append, get_load = out.append, loads.get
+    for m, gpu_tokens, any_tokens, per_group in touched:
         node, model = members[m]
         got = shapes.get(id(model))
         if got is None:
@@ -122,14 +124,17 @@ def touched_light(out: list[Light], zero: dict[int, Zero], shape: Callable[[Node
             got = shapes[id(model)] = (z, max((z.num_tokens or 0) - 1, 1))
         z, cap = got
         state, state_reason = liveness(node, z.state, z.state_reason, now, stale_after_s)
-        load = loads.get(node.node_id, no_load)
-        pen = penalties.get(id(load))
-        if pen is None:
-            pen = penalties[id(load)] = penalty(load, 0, scoring)
+        load = get_load(node.node_id, no_load)
+        if load is no_load:
+            pen = no_penalty
+        else:
+            pen = penalties.get(id(load))
+            if pen is None:
+                pen = penalties[id(load)] = penalty(load, 0, scoring)
         loadable = any_tokens - gpu_tokens
         sc = round(ow * (gpu_tokens + cw * loadable) / cap - pen, 9)
-        out.append(((TIER[state], -sc, -gpu_tokens, -loadable, node.node_id), node, z, state, state_reason,
-                    gpu_tokens, loadable, per_group, load, sc))
+        append(((TIER[state], -sc, -gpu_tokens, -loadable, node.node_id), node, z, state, state_reason,
+                gpu_tokens, loadable, per_group, load, sc))
 
 
 def build_row(light: Light, names: Callable[[int], str]) -> NodeRoute:

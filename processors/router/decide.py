@@ -132,7 +132,7 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
         if touched is not None:
             touched_light(light, zero, lambda node, model: zero_shape(node, model, lists, checked.num_tokens, req),
                           members, touched, scoring, loads, _NO_LOAD, now, stale_after_s)
-            deferred.append((members, set(touched), zero, lists))
+            deferred.append((members, {t[0] for t in touched}, zero, lists))
             continue
         held = held_positions(index, lists)
         for node, model in members:

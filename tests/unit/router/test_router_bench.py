@@ -84,7 +84,7 @@ def test_a_disagreement_between_the_engines_stops_the_bench(monkeypatch):
 
     def off_by_one(*args, **kw):  # the native cohort path gives one more GPU token than it found
         got = real(*args, **kw)
-        return None if got is None else {m: (gpu + 1, any_ + 1, groups) for m, (gpu, any_, groups) in got.items()}
+        return None if got is None else [(m, gpu + 1, any_ + 1, groups) for m, gpu, any_, groups in got]
 
     monkeypatch.setattr(decide, "cohort_hits", off_by_one)
     with pytest.raises(RuntimeError, match="answered differently"):
