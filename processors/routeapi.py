@@ -20,6 +20,7 @@ from kvpipe.processors.index import Index
 from kvpipe.processors.router.decide import finish, record_sent, route_local
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.processors.router.model import Load, LocalRouteAnswer, RouteAnswer, RouteRequest
+from kvpipe.processors.router.request import Checked
 
 _local_decoder = msgspec.json.Decoder(LocalRouteAnswer)
 _answer_fields = RouteAnswer.__struct_fields__
@@ -63,10 +64,12 @@ def node_loads(index: Index) -> dict[str, Load]:
 
 
 def local_answer(index: Index, inflight: InFlight | None, req: RouteRequest, partitions: list[int],
-                 stale_after_s: float | None, now: float | None = None) -> LocalRouteAnswer:
-    """This worker's rows (nothing chosen yet), with the partitions it answers for."""
+                 stale_after_s: float | None, now: float | None = None,
+                 checked: Checked | None = None) -> LocalRouteAnswer:
+    """This worker's rows (nothing chosen yet), with the partitions it answers for. `checked`:
+    `check_request(req)` when the caller has it already."""
     answer = route_local(index, req, loads=NodeLoads(index), inflight=inflight, now=now,
-                         stale_after_s=stale_after_s)
+                         stale_after_s=stale_after_s, checked=checked)
     nodes = index.nodes
     listed = [r.node_id for r in answer.nodes] + [n.node_id for n in answer.no_signal]
     return LocalRouteAnswer(**{f: getattr(answer, f) for f in _answer_fields}, partitions=partitions,
@@ -92,12 +95,13 @@ def merge_local(answers: Sequence[LocalRouteAnswer], expected: Iterable[int]) ->
 
 
 def answer(parts: Sequence[RouteAnswer], missing: list[int], req: RouteRequest, index: Index,
-           inflight: InFlight | None, now: float | None = None) -> RouteAnswer:
+           inflight: InFlight | None, now: float | None = None, checked: Checked | None = None) -> RouteAnswer:
     """The public answer: `finish` (merge, choose, trim; records `request_id` on the chosen node
     when this worker holds it) plus coverage. A `LocalRouteAnswer` part is narrowed to its
     `RouteAnswer` fields, so the public answer never carries worker bookkeeping."""
     plain = [RouteAnswer(**{f: getattr(p, f) for f in _answer_fields}) for p in parts]
-    out = finish(plain, req, inflight=inflight, index=index, now=time.time() if now is None else now)
+    out = finish(plain, req, inflight=inflight, index=index, now=time.time() if now is None else now,
+                 checked=checked)
     out.partial, out.missing_partitions = bool(missing), missing
     return out
 

@@ -26,6 +26,7 @@ from kvpipe.processors.router.model import (
     SentReport,
     decode_request,
 )
+from kvpipe.processors.router.request import Checked, check_request
 from kvpipe.processors.state import collect_stats, runtime
 
 
@@ -105,8 +106,9 @@ def _decode(decoder: msgspec.json.Decoder, data: bytes, what: str) -> Any:
         raise RouteError(400, f"bad {what}", str(exc)) from None
 
 
-def _local_answer(req: RouteRequest) -> LocalRouteAnswer:
-    return routeapi.local_answer(runtime.index, runtime.inflight, req, _owned(), settings.route_stale_after_s)
+def _local_answer(req: RouteRequest, checked: Checked) -> LocalRouteAnswer:
+    return routeapi.local_answer(runtime.index, runtime.inflight, req, _owned(), settings.route_stale_after_s,
+                                 checked=checked)
 
 
 async def _record_elsewhere(peers: dict[str, list[int]], forward: SentForward) -> bool:
@@ -126,15 +128,16 @@ class Route(web.View):
         try:
             raw = await _body(request)
             req = decode_request(raw)
+            checked = check_request(req)  # once per request: both halves below read it
             if scatter.is_local(request.query):
-                local = _local_answer(req)
+                local = _local_answer(req, checked)
                 runtime.metrics.route_latency.labels("local").observe(time.perf_counter() - started)
                 return _typed(self, local)
-            mine = _local_answer(req)  # checks the request before any peer is asked
+            mine = _local_answer(req, checked)
             peers = _peer_urls()
             theirs = [routeapi.decode_local(a) for a in await scatter.ask_all(peers, raw, _ask_route)] if peers else []
             parts, missing = routeapi.merge_local([mine, *theirs], _expected())
-            answer = routeapi.answer(parts, missing, req, runtime.index, runtime.inflight)
+            answer = routeapi.answer(parts, missing, req, runtime.index, runtime.inflight, checked=checked)
             if routeapi.needs_forward(answer, req, runtime.index):  # the chosen node's worker records it
                 await _record_elsewhere(peers, SentForward(req.request_id, answer.chosen, req))  # type: ignore[arg-type]
         except (ApiError, RouteError) as exc:

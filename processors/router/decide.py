@@ -87,19 +87,22 @@ def route(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | None =
     clock (default: time.time()), for staleness (against the node's `last_seen`) and in-flight TTLs.
     With `req.request_id` and an `inflight`, the request is recorded as sent to the chosen node."""
     now = time.time() if now is None else now
+    checked = check_request(req)
     local = route_local(index, req, loads=loads, inflight=inflight, now=now, stale_after_s=stale_after_s,
-                        search=search)
-    return finish([local], req, inflight=inflight, index=index, now=now)
+                        search=search, checked=checked)
+    return finish([local], req, inflight=inflight, index=index, now=now, checked=checked)
 
 
 def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | None = None,
                 inflight: InFlight | None = None, now: float | None = None,
-                stale_after_s: float | None = None, search: HitSearch | None = None) -> RouteAnswer:
+                stale_after_s: float | None = None, search: HitSearch | None = None,
+                checked: Checked | None = None) -> RouteAnswer:
     """The rows of every eligible node of this index, ranked, nothing chosen or left out yet: the
     part of an answer one worker of several contributes (`finish` merges, chooses and trims).
     A row depends only on its node, so concatenating workers' rows loses nothing. `search`: the
-    hit search engine (default: `set_default_search`'s, else native when built)."""
-    checked = check_request(req)
+    hit search engine (default: `set_default_search`'s, else native when built); `checked`:
+    `check_request(req)` when the caller has it already."""
+    checked = check_request(req) if checked is None else checked
     scoring = req.scoring or Scoring()
     now = time.time() if now is None else now
     if inflight is not None:
@@ -244,12 +247,12 @@ def _zero_cannot_win(rows: list[NodeRoute], light: list[Light], s: Scoring, load
 
 
 def finish(answers: Sequence[RouteAnswer], req: RouteRequest, *, inflight: InFlight | None = None,
-           index: Index | None = None, now: float | None = None) -> RouteAnswer:
+           index: Index | None = None, now: float | None = None, checked: Checked | None = None) -> RouteAnswer:
     """Merge `route_local` answers (one per worker; one alone for a single index), choose a node,
     apply `include_zero` and `top_k`. With `req.request_id`, an `inflight` and the `index` that
     holds the chosen node, the request is recorded as sent to it (with several workers the owner
     of the chosen node's partition records it: `record_sent`, behind `/route/sent`)."""
-    checked = check_request(req)
+    checked = check_request(req) if checked is None else checked
     scoring = req.scoring or Scoring()
     rows = sorted((r for a in answers for r in a.nodes), key=_rank)
     no_signal = sorted((n for a in answers for n in a.no_signal), key=lambda n: n.node_id)
