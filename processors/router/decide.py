@@ -133,7 +133,8 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
         # the common cohort in one native call (`router.cohort`): only nodes holding blocks answer
         touched = cohort_hits(index, search, lists, members, req, checked.num_tokens, inflight)
         if touched is not None:
-            touched_light(light, zero, lambda node, model: zero_shape(node, model, lists, checked.num_tokens, req),
+            touched_light(light, zero, lambda node, model: _shape(planned, zero, node, model, lists, checked.num_tokens,
+                                                                  req),
                           members, touched, scoring, loads, _NO_LOAD, now, stale_after_s)
             deferred.append((members, {t[0] for t in touched}, zero, lists))
             continue
@@ -142,7 +143,7 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
             node_held = held.get(node)
             if node_held is None and (inflight is None or not inflight.tracks(node.node_id)):
                 # holds none of the request's blocks and has nothing in flight: no search, no sets
-                zeros.add(_shape(zero, node, model, lists, checked.num_tokens, req), node)
+                zeros.add(_shape(planned, zero, node, model, lists, checked.num_tokens, req), node)
                 continue
             p = prepare(node, model, lists, node_held or {}, checked.num_tokens, req, inflight, now,
                          stale_after_s)
@@ -156,7 +157,7 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
         for members, touched_set, zero, lists in deferred:
             for m, (node, model) in enumerate(members):
                 if m not in touched_set:
-                    zeros.add(_shape(zero, node, model, lists, checked.num_tokens, req), node)
+                    zeros.add(_shape(planned, zero, node, model, lists, checked.num_tokens, req), node)
     zeros.finish()
     hits = search.search(jobs)  # every other node's hits in one call
     for p in pending:
@@ -202,13 +203,24 @@ class _Zeros:
             self.rows.append(zero_row(z, node, self.scoring, load, self.now, self.stale_after_s))
 
 
-def _shape(cache: dict[int, Zero], node: NodeState, model: NodeModel, lists: Lists, num_tokens: int | None,
-           req: RouteRequest) -> Zero:
-    """`zero_shape` once per model of a cohort (keyed by id: models outlive the call)."""
+def _shape(planned: Plan, cache: dict[int, Zero], node: NodeState, model: NodeModel, lists: Lists,
+           num_tokens: int | None, req: RouteRequest) -> Zero:
+    """`zero_shape` once per model of a cohort (keyed by id: models outlive the call), and across
+    requests of the same shape while the plan holds."""
     z = cache.get(id(model))
     if z is None:
-        z = cache[id(model)] = zero_shape(node, model, lists, num_tokens, req)
+        key = (id(model), tuple((g, len(lists[g])) for g in model.groups if g in lists), num_tokens,
+               req.token_ids is None, req.semantics)
+        z = planned.zeros.get(key)  # type: ignore[assignment]
+        if z is None:
+            if len(planned.zeros) >= _ZEROS_MAX:
+                planned.zeros.clear()
+            z = planned.zeros[key] = zero_shape(node, model, lists, num_tokens, req)
+        cache[id(model)] = z
     return z
+
+
+_ZEROS_MAX = 4096
 
 
 def _build_light(rows: list[NodeRoute], light: list[Light], req: RouteRequest, scoring: Scoring,

@@ -46,6 +46,10 @@ class Plan(NamedTuple):
     # the hash unit), in node id order of first member; the member lists are kept, so a cohort's
     # native member table is built once per plan, not per request
     by_layout: dict[tuple, tuple[dict[int, int], list[Member]]]
+    # `rows.zero_shape` by what it reads (the model, its requested groups' list lengths, the token
+    # count, the request's form and semantics), kept while the plan holds: models live as long
+    # as the plan, so their ids are not reused meanwhile (`decide._shape`)
+    zeros: dict[tuple, object]
 
 
 def plan(index: Index, model: str | None) -> Plan:
@@ -100,7 +104,7 @@ def _make(index: Index, model: str | None) -> Plan:
         key = (tuple(sorted(sizes.items())), fine, m.hash_block_size if fine else 0)
         by_layout.setdefault(key, (sizes, []))[1].append((node, m))
     return Plan(index.generation, model, no_signal, eligible, by_config, config_problems,
-                {n.model for n, _ in eligible}, by_layout)
+                {n.model for n, _ in eligible}, by_layout, {})
 
 
 def label(cfg: HashConfig) -> str:
