@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -223,6 +224,9 @@ def _shape(planned: Plan, cache: dict[int, Zero], node: NodeState, model: NodeMo
 _ZEROS_MAX = 4096
 
 
+_first = operator.itemgetter(0)
+
+
 def _build_light(rows: list[NodeRoute], light: list[Light], req: RouteRequest, scoring: Scoring,
                  names: Callable[[int], str]) -> None:
     """Build the rows of `light` into `rows`: all of them, or, when the answer shows at most
@@ -233,7 +237,9 @@ def _build_light(rows: list[NodeRoute], light: list[Light], req: RouteRequest, s
     if req.top_k is None or scoring.temperature > 0 or req.include_zero:
         rows.extend(build_row(x, names) for x in light)
         return
-    ranked = sorted([(_rank(r), r) for r in rows] + [(x[0], x) for x in light], key=lambda p: p[0])
+    ranked = [(_rank(r), r) for r in rows]
+    ranked += [(x[0], x) for x in light]
+    ranked.sort(key=_first)  # ranks are unique (they end with the node id): the row is never compared
     kept: list[NodeRoute] = []
     hits = 0
     for i, (_, r) in enumerate(ranked):
