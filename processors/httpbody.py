@@ -62,8 +62,9 @@ async def read_body(request: Any, max_bytes: int, timeout_s: float) -> bytes:
     if declared is not None and declared > max_bytes:
         raise ApiError(413, "body too large", f"Content-Length {declared}; the limit is {max_bytes}")
     try:
-        return await asyncio.wait_for(_read_capped(request, max_bytes), timeout_s)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(timeout_s):  # (not wait_for: no task per request)
+            return await _read_capped(request, max_bytes)
+    except TimeoutError:
         raise ApiError(408, "request body timeout", f"the body did not arrive within {timeout_s:g} s "
                                                      f"(a Content-Length larger than the body sent?)") from None
 
