@@ -270,9 +270,14 @@ class Index:
             st, rm, unk = self._apply_one(node, at(i), i, ts, partition, offset, closed)
             stored, removed, unknown = stored + st, removed + rm, unknown + unk
             i += 1
+        self.count_events(node, len(events), stored, removed, unknown)
+
+    def count_events(self, node: NodeState, events: int, stored: int, removed: int, unknown: int) -> None:
+        """Add applied events to the index's and the node's counters (also for runs applied
+        natively, `processors/ingestrun.py`)."""
         c, nc = self.counters, node.counters
-        c["events"] += len(events)
-        nc["events"] += len(events)
+        c["events"] += events
+        nc["events"] += events
         c["stored"] += stored
         nc["stored"] += stored
         c["removed"] += removed

@@ -124,15 +124,6 @@ def _absorb(ingest: Ingest, partition: int, applied: int | None, stream_ts: floa
         ic["envelopes"] += envelopes
         nc["heartbeats"] += heartbeats
         ic["heartbeats"] += heartbeats
-        nc["events"] += events
-        ic["events"] += events
-        nc["stored"] += stored
-        ic["stored"] += stored
-        nc["removed"] += removed
-        ic["removed"] += removed
-        # as `Index._apply_events`: a partial node's unknown removes are expected, counted apart
-        key = "partial_unknown_removes" if node.partial_since is not None else "unknown_removes"
-        nc[key] += unknown
-        ic[key] += unknown
+        index.count_events(node, events, stored, removed, unknown)
         for sid, n in capped:
             index._capped(node, index.store.slot_by_id(sid), n, cap)

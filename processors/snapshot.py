@@ -192,9 +192,7 @@ def export_partition(index: Index, partition: int, gen: int, chunk_bytes: int = 
         if node.partition != partition:
             continue
         nodes += 1
-        header = _node_header(node, [])
-        out.current.append(header)
-        out.size += _NODE_BYTES
+        header = out.open(node)
         for slot in node.slots.values():
             entries = slot.blocks.items()  # one read: keys and times in one order
             hashes = [h for h, _ in entries]
@@ -215,9 +213,7 @@ def export_partition(index: Index, partition: int, gen: int, chunk_bytes: int = 
                 if start >= len(hashes):
                     break
                 out.flush()  # the chunk is full: the rest of this slot goes on in the next chunk
-                header = _node_header(node, [])
-                out.current.append(header)
-                out.size = _NODE_BYTES
+                header = out.open(node)
         if out.size >= chunk_bytes:
             out.flush()
     out.flush()
@@ -234,9 +230,7 @@ def _export_native(index: Index, core, partition: int, gen: int, chunk_bytes: in
         if node.partition != partition:
             continue
         nodes += 1
-        header = _node_header(node, [])
-        out.current.append(header)
-        out.size += _NODE_BYTES
+        header = out.open(node)
         for slot in node.slots.values():
             n = core.slot_len(slot.sid)
             blocks += n
@@ -276,6 +270,13 @@ class _Chunks:
         self.chunks: list[bytes] = []
         self.current: list[NodeSnap] = []
         self.size = 0
+
+    def open(self, node: NodeState) -> NodeSnap:
+        """A header of `node` in the open chunk (a big node's header repeats in each chunk)."""
+        header = _node_header(node, [])
+        self.current.append(header)
+        self.size += _NODE_BYTES
+        return header
 
     def flush(self) -> None:
         if self.current:
