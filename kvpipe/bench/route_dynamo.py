@@ -1,7 +1,7 @@
 """NVIDIA Dynamo's `RadixTree` on the route bench's workload, for `kvpipe bench route`'s baseline.
 
-Optional: `ai-dynamo-runtime` is a bench extra (`pip install ai-dynamo-runtime==1.6.1`, never in
-requirements.lock); without it the bench says the baseline is missing. The tree knows one group
+Optional: `ai-dynamo-runtime` is the `bench-dynamo` extra (`pip install 'kvpipe[bench-dynamo]'`, or
+`pip install ai-dynamo-runtime==1.6.1` into the venv; never in requirements.lock); without it the bench says the baseline is missing. The tree knows one group
 and no media, so it is fed every node's full-attention blocks (GPU and CPU alike, chained as the
 node stored them) and asked `find_matches` for the request's full-attention block hashes: a
 one-group prefix lookup, timed next to our hybrid search of the same request.
@@ -15,7 +15,8 @@ from typing import Any
 from kvpipe.schemas.events import BlockStored
 
 _U64 = (1 << 64) - 1
-MISSING = "ai-dynamo-runtime not installed (bench extra: pip install ai-dynamo-runtime==1.6.1)"
+MISSING = ("ai-dynamo-runtime not installed (bench extra: pip install 'kvpipe[bench-dynamo]', "
+           "or ai-dynamo-runtime==1.6.1)")
 
 
 def load() -> Any | None:

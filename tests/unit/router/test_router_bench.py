@@ -68,7 +68,8 @@ def test_both_engines_are_timed_on_the_same_requests_and_checked_equal():
     assert out["search"] == out["engines"][engines[0]]["search"]
     dyn = out["dynamo_radix_tree"]
     if load() is None:  # the bench extra is not installed: the baseline says so instead of a number
-        assert dyn == {"missing": "ai-dynamo-runtime not installed (bench extra: pip install ai-dynamo-runtime==1.6.1)"}
+        assert dyn == {"missing": "ai-dynamo-runtime not installed (bench extra: pip install 'kvpipe[bench-dynamo]', "
+                                  "or ai-dynamo-runtime==1.6.1)"}
     else:
         assert dyn["find_matches"]["p50_us"] > 0
 
