@@ -185,6 +185,7 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     fa_hasher = hasher_from_config(CONFIGS[0])
     dyn: list[float] = []
     dynamo_checked = 0  # requests whose node → prefix depth answers were equal on both sides
+    prefix_route: list[float] = []  # our route of Dynamo's question (one group, prefix), whole call
     cohort_calls: list[float] = []  # the native cohort call(s) alone: every node's hits, nothing else
     decision: dict[str, list[float]] = {"search": [], "total": []}
     hits = []
@@ -223,6 +224,10 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
             took, scores = find_dynamo(tree, fa)
             dyn.append(took)
             # the same question on our index: each node's longest full-attention prefix on any medium
+            # (timed as a route shows it, then checked with every node listed)
+            t = time.perf_counter()
+            route(index, RouteRequest(block_hashes={0: fa}, semantics="prefix-per-group"), now=1.0)
+            prefix_route.append(time.perf_counter() - t)
             prefix = route(index, RouteRequest(block_hashes={0: fa}, semantics="prefix-per-group", include_zero=True),
                            now=1.0)
             ours = {int(row.node_id.rsplit("-", 1)[1]): row.groups[0].prefix_blocks["any"]  # type: ignore[index]
@@ -260,6 +265,9 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
                                     "answers_checked": dynamo_checked,
                                     "ratio_dynamo_p50_over_ours_search_p50":
                                         round(d["p50_us"] / max(out["search"]["p50_us"], 0.1), 4)}
+        out["prefix_route_one_group"] = summary(prefix_route)
+        out["dynamo_radix_tree"]["ratio_dynamo_p50_over_prefix_route_p50"] = round(
+            d["p50_us"] / max(out["prefix_route_one_group"]["p50_us"], 0.1), 4)
         out["dynamo_radix_tree"]["ratio_dynamo_p50_over_decision_search_p50"] = round(
             d["p50_us"] / max(out["decision_top_k_1"]["search"]["p50_us"], 0.1), 4)
         if cohort_calls:

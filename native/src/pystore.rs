@@ -17,7 +17,8 @@ pub(crate) struct IndexStore {
 }
 
 type Closed = (Vec<u64>, Vec<f64>);
-type CohortRow = (usize, i64, i64, Vec<(usize, usize, u64)>);
+type Prefixes = Option<(Vec<(i64, usize)>, usize)>;
+type CohortRow = (usize, i64, i64, Vec<(usize, usize, u64, Prefixes)>);
 type Applied = (
     usize,
     usize,
@@ -255,8 +256,11 @@ impl IndexStore {
     /// `lists` `[(group, hashes)]` in the layouts' group order, `members` the cohort's table,
     /// `models` per spec model `(layout id in engine, cap, tokens hashed)`, `media_rank[medium id]`
     /// the order of non-GPU media. Returns per such node `(member index, gpu tokens, any tokens,
-    /// [(gpu blocks, blocks used, media mask)] per group)`: bit `id` per medium id, and the bits
-    /// `GPU_MEDIUM` and `UNKNOWN_MEDIUM`; the caller keeps medium ids below `MEDIA_BITS`.
+    /// [(gpu blocks, blocks used, media mask, prefixes)] per group)`: bit `id` per medium id, and
+    /// the bits `GPU_MEDIUM` and `UNKNOWN_MEDIUM` (the caller keeps medium ids below `MEDIA_BITS`);
+    /// `prefixes` None, or with `prefixes=True` `([(medium id, or -1 for GPU, blocks)], blocks on
+    /// any medium)`: the longest held prefixes.
+    #[pyo3(signature = (engine, lists, members, models, media_rank, prefixes=false))]
     fn route_cohort(
         &self,
         engine: PyRef<'_, HitEngine>,
@@ -264,6 +268,7 @@ impl IndexStore {
         members: PyRef<'_, MemberTable>,
         models: Vec<(usize, i64, i64)>,
         media_rank: Vec<u32>,
+        prefixes: bool,
     ) -> PyResult<Vec<CohortRow>> {
         let lists = lists
             .into_iter()
@@ -287,6 +292,7 @@ impl IndexStore {
             &members.inner,
             &models,
             &media_rank,
+            prefixes,
         )
         .map_err(err)?;
         Ok(out
@@ -295,7 +301,7 @@ impl IndexStore {
                 let groups = n
                     .groups
                     .into_iter()
-                    .map(|g| (g.gpu_blocks, g.blocks, g.media))
+                    .map(|g| (g.gpu_blocks, g.blocks, g.media, g.prefix))
                     .collect();
                 (n.member, n.gpu_tokens, n.any_tokens, groups)
             })

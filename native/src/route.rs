@@ -125,6 +125,22 @@ pub struct GroupOut {
     pub gpu_blocks: usize,
     pub blocks: usize,
     pub media: u64,
+    /// With `prefixes`: per medium the node holds in this group (-1 GPU, else the medium id) the
+    /// longest held prefix in blocks, and the longest on any medium.
+    pub prefix: Option<(Vec<(i64, usize)>, usize)>,
+}
+
+/// How many positions from 0 are set in a row.
+fn leading_ones(bits: &[u64]) -> usize {
+    let mut n = 0;
+    for &w in bits {
+        let run = w.trailing_ones() as usize;
+        n += run;
+        if run < 64 {
+            break;
+        }
+    }
+    n
 }
 
 pub struct NodeOut {
@@ -211,8 +227,8 @@ fn hit_on(
 }
 
 /// `lists[k]` is group k's (group id, keys) in the layouts' group order; `media_rank[id]` orders
-/// the non-GPU media (the router lists them by name). Returns the nodes holding anything, in
-/// member order.
+/// the non-GPU media (the router lists them by name); `prefixes` adds each group's longest held
+/// prefixes (the prefix-per-group semantics). Returns the nodes holding anything, in member order.
 ///
 /// One pass over the (position, holding slot) pairs sets bits in one flat array: per member, per
 /// medium class, per group, a bitset over the group's positions. The slot → (member, class) map is
@@ -224,6 +240,7 @@ pub fn route_cohort(
     members: &Members,
     models: &[ModelArgs],
     media_rank: &[u32],
+    prefixes: bool,
 ) -> Result<Vec<NodeOut>, String> {
     let groups = lists.len();
     if members.models.iter().any(|&m| m as usize >= models.len()) {
@@ -361,10 +378,21 @@ pub fn route_cohort(
                         media |= UNKNOWN_BIT;
                     }
                 }
+                let prefix = prefixes.then(|| {
+                    let per = (0..classes)
+                        .filter(|&c| at(c, k).iter().any(|&w| w != 0))
+                        .map(|c| {
+                            let id = if c == 0 { -1 } else { map.media[c - 1] as i64 };
+                            (id, leading_ones(at(c, k)))
+                        })
+                        .collect();
+                    (per, leading_ones(&any[k]))
+                });
                 per_group.push(GroupOut {
                     gpu_blocks,
                     blocks: used,
                     media,
+                    prefix,
                 });
             }
             out.push(NodeOut {

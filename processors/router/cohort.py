@@ -5,7 +5,7 @@ blocks used and their media, straight from the store's inverted view and bitsets
 per-node search job. Rows are then built only for those nodes; the rest of the cohort holds
 nothing and takes the zero path in `decide`.
 
-Taken when the cohort is the common case: the default semantics, the native store and engine, no
+Taken when the cohort is the common case: the native store and engine (either semantics), no
 group searched at the hash unit, no node of the cohort with in-flight guesses, a cap of at least
 0, and every node's layout modelled natively. Otherwise `decide` runs the per-node path; the
 router's benchmark routes every request on both and checks the answers equal.
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
-from kvpipe.processors.index import Index, NodeState
+from kvpipe.processors.index import GPU, Index, NodeState
 from kvpipe.processors.route_hma import NodeModel
 from kvpipe.processors.router.hits import HitSearch, kvpipe_native
 from kvpipe.processors.router.inflight import InFlight
@@ -33,7 +33,7 @@ def cohort_hits(index: Index, search: HitSearch, lists: dict[int, list], members
                 req: RouteRequest, num_tokens: int | None, inflight: InFlight | None) -> Touched | None:
     """The touched members' answers, or None when this cohort takes the per-node path."""
     store = index.store
-    if (req.semantics == PREFIX_PER_GROUP or store.kind != "native" or search.native_engine is None
+    if (store.kind != "native" or search.native_engine is None
             or len(store.media) >= kvpipe_native.MEDIA_BITS or not members):  # type: ignore[union-attr]
         return None  # (media past the answer's mask bits: read the reference way)
     groups = tuple(g for g in members[0][1].groups if g in lists)
@@ -52,7 +52,7 @@ def cohort_hits(index: Index, search: HitSearch, lists: dict[int, list], members
     if search.native_engine is not engine:  # the engine started afresh while registering: ids moved
         return None
     return store.core.route_cohort(engine, [(g, lists[g]) for g in groups], table, args,  # type: ignore[union-attr]
-                                   store.media_rank())  # type: ignore[union-attr]
+                                   store.media_rank(), req.semantics == PREFIX_PER_GROUP)  # type: ignore[union-attr]
 
 
 # A cohort's native member table, by the identity of its member list (the router's plan keeps one
@@ -137,13 +137,27 @@ def touched_light(out: list[Light], zero: dict[int, Zero], shape: Callable[[Node
                 gpu_tokens, loadable, per_group, load, sc))
 
 
-def build_row(light: Light, names: Callable[[int], str]) -> NodeRoute:
+def build_row(light: Light, names: Callable[[int], str], media: Sequence[str]) -> NodeRoute:
     """The row of a `touched_light` entry; `names`: a media mask as the router's medium string
-    (`slots.NativeStore.media_names`)."""
+    (`slots.NativeStore.media_names`); `media`: the store's media by id (for prefixes)."""
     _, node, z, state, state_reason, gpu_tokens, loadable, per_group, load, sc = light
     replace = msgspec.structs.replace
-    groups = [replace(g, gpu_blocks=gpu_blocks, blocks=blocks, medium=names(mask))
-              for g, (gpu_blocks, blocks, mask) in zip(z.groups, per_group)]
+    groups = []
+    for g, (gpu_blocks, blocks, mask, prefix) in zip(z.groups, per_group):
+        if prefix is None:
+            groups.append(replace(g, gpu_blocks=gpu_blocks, blocks=blocks, medium=names(mask)))
+        else:
+            groups.append(replace(g, gpu_blocks=gpu_blocks, blocks=blocks, medium=names(mask),
+                                  prefix_blocks=_prefixes(prefix, media)))
     return NodeRoute(node_id=node.node_id, epoch=node.epoch, model=node.model, dp_rank=node.dp_rank, state=state,
                      state_reason=state_reason, gpu_tokens=gpu_tokens, loadable_tokens=loadable, groups=groups,
                      exact=z.exact, reason=z.reason or None, score=sc, speculative=False, load=load)
+
+
+def _prefixes(prefix: tuple[list[tuple[int, int]], int], media: Sequence[str]) -> dict[str, int]:
+    """The native call's longest held prefixes as `rows.node_row` writes them: per medium held,
+    by name, then "any"."""
+    per, any_ = prefix
+    out = dict(sorted((GPU if i < 0 else media[i], n) for i, n in per))
+    out["any"] = any_
+    return out

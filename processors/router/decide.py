@@ -168,7 +168,7 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
             continue
         rows.append(row)
     if light:
-        _build_light(rows, light, req, scoring, index.store.media_names)  # type: ignore[union-attr]
+        _build_light(rows, light, req, scoring, index.store.media_names, index.store.media)  # type: ignore[union-attr]
     rows.sort(key=_rank)
     models = planned.models
     return RouteAnswer(
@@ -228,14 +228,14 @@ _first = operator.itemgetter(0)
 
 
 def _build_light(rows: list[NodeRoute], light: list[Light], req: RouteRequest, scoring: Scoring,
-                 names: Callable[[int], str]) -> None:
+                 names: Callable[[int], str], media: Sequence[str]) -> None:
     """Build the rows of `light` into `rows`: all of them, or, when the answer shows at most
     `top_k` rows and the choice is the best-ranked row, only those this worker's part can
     contribute — its best-ranked row (the choice, if it wins across workers) and its first
     `top_k` rows with a hit (`finish` shows rows with a hit or chosen, the first `top_k`). No
     worker's dropped row could be shown, so the finished answer is unchanged."""
     if req.top_k is None or scoring.temperature > 0 or req.include_zero:
-        rows.extend(build_row(x, names) for x in light)
+        rows.extend(build_row(x, names, media) for x in light)
         return
     ranked = [(_rank(r), r) for r in rows]
     ranked += [(x[0], x) for x in light]
@@ -246,7 +246,7 @@ def _build_light(rows: list[NodeRoute], light: list[Light], req: RouteRequest, s
         built = isinstance(r, NodeRoute)
         has = bool(r.gpu_tokens or r.loadable_tokens) if built else bool(r[5] or r[6])
         if i == 0 or (has and hits < req.top_k):
-            kept.append(r if built else build_row(r, names))
+            kept.append(r if built else build_row(r, names, media))
         hits += has
         if hits >= req.top_k:
             break

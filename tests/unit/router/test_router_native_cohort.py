@@ -46,6 +46,8 @@ def test_native_cohorts_answer_as_the_per_node_path(seed, monkeypatch):
         for req in (RouteRequest(token_ids=tokens), RouteRequest(token_ids=tokens, include_zero=True),
                     RouteRequest(token_ids=tokens, top_k=1), RouteRequest(token_ids=tokens, top_k=2),
                     RouteRequest(token_ids=tokens, top_k=5, include_zero=True),
+                    RouteRequest(token_ids=tokens, semantics="prefix-per-group"),
+                    RouteRequest(token_ids=tokens, semantics="prefix-per-group", top_k=2, include_zero=True),
                     RouteRequest(token_ids=tokens, scoring=Scoring(temperature=0.5, seed=seed)),
                     RouteRequest(token_ids=tokens, scoring=Scoring(waiting_weight=0.5))):
             for given in (loads, heavy, None):
