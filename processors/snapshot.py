@@ -19,6 +19,7 @@ walk below in Python stays the reference (the dict store, or the extension not b
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import msgspec
 
@@ -187,12 +188,8 @@ def export_partition(index: Index, partition: int, gen: int, chunk_bytes: int = 
     if core is not None:
         return _export_native(index, core, partition, gen, chunk_bytes)
     out = _Chunks(partition, gen)
-    nodes = blocks = 0
-    for node in index.nodes.values():
-        if node.partition != partition:
-            continue
-        nodes += 1
-        header = out.open(node)
+    blocks = 0
+    for node, header in out.nodes_of(index):
         for slot in node.slots.values():
             entries = slot.blocks.items()  # one read: keys and times in one order
             hashes = [h for h, _ in entries]
@@ -217,7 +214,7 @@ def export_partition(index: Index, partition: int, gen: int, chunk_bytes: int = 
         if out.size >= chunk_bytes:
             out.flush()
     out.flush()
-    return out.chunks, nodes, blocks
+    return out.chunks, out.nodes, blocks
 
 
 def _export_native(index: Index, core, partition: int, gen: int, chunk_bytes: int) -> tuple[list[bytes], int, int]:
@@ -225,12 +222,8 @@ def _export_native(index: Index, core, partition: int, gen: int, chunk_bytes: in
     chunk sizing of the Python walk, with every hash a 64-bit int: `_ENTRY` bytes an entry), so
     the same bytes."""
     out = _Chunks(partition, gen)
-    nodes = blocks = 0
-    for node in index.nodes.values():
-        if node.partition != partition:
-            continue
-        nodes += 1
-        header = out.open(node)
+    blocks = 0
+    for node, header in out.nodes_of(index):
         for slot in node.slots.values():
             n = core.slot_len(slot.sid)
             blocks += n
@@ -258,7 +251,7 @@ def _export_native(index: Index, core, partition: int, gen: int, chunk_bytes: in
         if out.size >= chunk_bytes:
             out.flush()
     out.flush()
-    return out.chunks, nodes, blocks
+    return out.chunks, out.nodes, blocks
 
 
 class _Chunks:
@@ -270,6 +263,14 @@ class _Chunks:
         self.chunks: list[bytes] = []
         self.current: list[NodeSnap] = []
         self.size = 0
+        self.nodes = 0
+
+    def nodes_of(self, index: Index) -> Iterator[tuple[NodeState, NodeSnap]]:
+        """The partition's nodes, each with its header opened in the chunk (counted in `nodes`)."""
+        for node in index.nodes.values():
+            if node.partition == self.partition:
+                self.nodes += 1
+                yield node, self.open(node)
 
     def open(self, node: NodeState) -> NodeSnap:
         """A header of `node` in the open chunk (a big node's header repeats in each chunk)."""
