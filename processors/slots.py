@@ -315,8 +315,8 @@ class NativeStore:
                                "disables it): use the python store")
         self.core = kvpipe_native.IndexStore()
         self._slots: dict[int, Slot] = {}  # sid → slot, for the router's answers
-        # media by id as the store records them per slot (ids are u16; past that, one shared id,
-        # and `media_overflow` tells the router to read media the reference way)
+        # media by id as the store records them per slot (ids are u16; past that, one shared id;
+        # the router reads media the reference way once they pass the answer mask's bits)
         self.media: list[str] = []
         self._media_ids: dict[str, int] = {}
         self._rank: list[int] | None = None
@@ -338,10 +338,6 @@ class NativeStore:
             self.media.append(medium)
             self._rank = None
         return got
-
-    @property
-    def media_overflow(self) -> bool:
-        return len(self.media) >= MAX_MEDIA
 
     def media_rank(self) -> list[int]:
         """Per medium id its position by name (the order the router lists media in)."""
