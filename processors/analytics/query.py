@@ -20,6 +20,13 @@ read-only user (`readonly = 2`, so the client may send these limits, with SELECT
 `docs/analyst-sql.md` has the statements. A password never appears in an error: `redact_dsn` and `_clean` scrub
 what the engine or the transport says before it reaches the analyst.
 
+Parameters bind in the engine only. The guard returns the `{name:Type}` placeholders of the checked tree; a request's
+`params` must name exactly those (`bind_values`: any other name, or a placeholder left without a value, is a 400 that
+names it). `engine_query`, the one call into clickhouse-connect for analyst text (the app's store and `kvpipe sql` on a
+server both use it), then asks the library's own binder what it would send and refuses unless that is the checked
+text unchanged plus one `param_<name>` per value: clickhouse-connect formats `%(name)s` into the text itself when it
+sees no placeholder, after the guard, so a `%(s)s` inside a string literal once turned a parameter into SQL.
+
 Concurrency. At most `max_concurrent` queries run at once, each on this module's own thread pool (never on the
 event loop, never on the loop's default executor that ingest uses); at most `max_waiting` more wait; beyond that a
 request is answered 429 at once. A request whose client goes away keeps its slot until its query ends, so the
@@ -36,7 +43,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import msgspec
 
-from kvpipe.processors.analytics.sqlguard import DEFAULT_DATABASE, SqlRefused, SqlSyntaxError, check_sql
+from kvpipe.processors.analytics.sqlguard import DEFAULT_DATABASE, CheckedSql, SqlRefused, SqlSyntaxError, checked_sql
 
 # run(statement, parameters, engine_settings) -> {"columns", "types", "rows"}; blocking.
 Runner = Callable[[str, "dict | None", dict], dict]
@@ -105,10 +112,11 @@ def check_params(params: dict) -> dict[str, int | float | str]:
     return params
 
 
-def check_statement(sql: str, database: str = DEFAULT_DATABASE) -> str:
-    """The text to run for an analyst's statement, or QueryError: 403 refused, 400 does not parse."""
+def check_statement(sql: str, database: str = DEFAULT_DATABASE) -> CheckedSql:
+    """The text to run for an analyst's statement and its placeholders, or QueryError: 403 refused, 400 does not
+    parse."""
     try:
-        return check_sql(sql, database=database)
+        return checked_sql(sql, database=database)
     except SqlSyntaxError as exc:
         raise QueryError(400, "sql does not parse", str(exc)) from None
     except SqlRefused as exc:
@@ -152,12 +160,49 @@ class QueryLimits(msgspec.Struct, frozen=True):
         }
 
 
+def bind_values(checked: CheckedSql, params: dict | None) -> dict[str, int | float | str]:
+    """The values to bind for `checked`: every parameter names a placeholder of the checked tree and every
+    placeholder has a value, or QueryError(400) naming the parameter."""
+    values = check_params(dict(params or {}))
+    for name in values:
+        if name not in checked.placeholders:
+            where = (f"its placeholders are {', '.join('{%s:%s}' % p for p in checked.placeholders.items())}"
+                     if checked.placeholders else "it has no {name:Type} placeholder")
+            raise QueryError(400, "bad sql params", f"params[{name!r}] is not a placeholder of the statement ({where}); "
+                                                    f"parameters bind only to {{{name}:Type}} placeholders")
+    for name, type_name in checked.placeholders.items():
+        if name not in values:
+            raise QueryError(400, "bad sql params", f"placeholder {{{name}:{type_name}}} has no value in params")
+    return values
+
+
+def engine_query(client: Any, statement: str, values: dict | None, settings: dict) -> Any:
+    """`client.query` for checked analyst text, with parameters that the engine binds; never formatted into the text.
+
+    Fails closed: if clickhouse-connect's binder would change the text or not send every value as a `param_`, or
+    cannot be found at all, the parameters are refused (400) rather than sent.
+    """
+    if values:
+        try:
+            from clickhouse_connect.driver.binding import bind_query
+
+            text, bound = bind_query(statement, dict(values))
+        except ImportError:
+            text, bound = None, {}
+        except Exception as exc:  # noqa: BLE001 - the binder refusing a value is the analyst's 400
+            raise QueryError(400, "bad sql params", str(exc)[:300]) from None
+        if text != statement or set(bound) != {f"param_{name}" for name in values}:
+            raise QueryError(400, "bad sql params", "these parameters would not be bound by the engine; write each "
+                                                    "as a {name:Type} placeholder of the statement")
+    return client.query(statement, parameters=dict(values) if values else None, settings=settings)
+
+
 def run_checked(run: Runner, sql: str, params: dict | None, limits: QueryLimits, dsn: str = "") -> dict:
     """Guard, then run with the limits; blocking. The one code path of the service and of `kvpipe sql` on a server."""
-    statement = check_statement(sql, limits.database)
-    values = check_params(dict(params or {}))
+    checked = check_statement(sql, limits.database)
+    values = bind_values(checked, params)
     try:
-        return run(statement, values or None, limits.engine_settings())
+        return run(checked.text, values or None, limits.engine_settings())
     except QueryError:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the engine or transport says becomes a 4xx with its reason
@@ -182,8 +227,7 @@ class AnalystQueries:
 
     async def execute(self, request: SqlRequest) -> dict:
         # The guard is cheap and pure: refuse before taking a slot, so refusals never queue.
-        check_statement(request.sql, self.limits.database)
-        check_params(request.params)
+        bind_values(check_statement(request.sql, self.limits.database), request.params)
         capacity = self.limits.max_concurrent + self.limits.max_waiting
         with self._lock:
             if self._admitted >= capacity:
@@ -294,11 +338,11 @@ def client_runner(client: Any, lock: threading.Lock | None = None) -> Runner:
 
     def run(statement: str, parameters: dict | None, settings: dict) -> dict:
         with lock:
-            result = client.query(statement, parameters=parameters, settings=settings)
+            result = engine_query(client, statement, parameters, settings)
             columns, types = list(result.column_names), [t.name for t in result.column_types]
             if not columns and statement.upper().startswith(("SELECT", "WITH")):
                 # chDB sends no header for an empty result; ask the engine for the result's shape instead.
-                shape = client.query(f"DESCRIBE TABLE ({statement})", parameters=parameters, settings=settings)
+                shape = engine_query(client, f"DESCRIBE TABLE ({statement})", parameters, settings)
                 columns, types = [r[0] for r in shape.result_rows], [r[1] for r in shape.result_rows]
             return {"columns": columns, "types": types, "rows": [list(r) for r in result.result_rows]}
 

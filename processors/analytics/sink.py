@@ -60,7 +60,8 @@ from kvpipe.processors.analytics.rows import (
     number_copies,
 )
 from kvpipe.processors.analytics.restores import RESTORE_COLUMNS, restore_columns
-from kvpipe.processors.analytics.sqlguard import check_read_only, first_keyword
+from kvpipe.processors.analytics.query import bind_values, engine_query
+from kvpipe.processors.analytics.sqlguard import checked_sql, first_keyword
 
 log = logging.getLogger(__name__)
 
@@ -218,17 +219,18 @@ class AnalyticsSink:
 
         Works without start() too (opens the client, no migrations, no writer): a reader's use.
         """
-        statement = check_read_only(sql)
+        checked = checked_sql(sql)  # SqlRefused / SqlSyntaxError (ValueErrors) name what is wrong
+        statement, values = checked.text, bind_values(checked, parameters)
         # readonly=1 (not 2): 2 would still allow table functions such as file().
         settings = {**(settings or {}), "readonly": 1}
         with self._client_lock:
             if self._client is None:  # read-only use without start(): `kvpipe sql` against a server
                 self._client = clickhouse_connect.get_client(dsn=self.dsn)
-            result = self._client.query(statement, parameters=parameters, settings=settings)
+            result = engine_query(self._client, statement, values, settings)
             columns, types = list(result.column_names), [t.name for t in result.column_types]
             if not columns and first_keyword(statement) in ("SELECT", "WITH"):
                 # chDB sends no header for an empty result; ask for the result's shape instead.
-                shape = self._client.query(f"DESCRIBE TABLE ({statement})", parameters=parameters, settings=settings)
+                shape = engine_query(self._client, f"DESCRIBE TABLE ({statement})", values, settings)
                 columns, types = [r[0] for r in shape.result_rows], [r[1] for r in shape.result_rows]
         return {"columns": columns, "types": types, "rows": [list(r) for r in result.result_rows]}
 

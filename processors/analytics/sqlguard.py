@@ -25,6 +25,10 @@ Refused anywhere in the tree: `SETTINGS` (a query must not lift its own limits),
 SYSTEM, KILL, ...). This gate is the first line; the engine's `readonly=1` and per-query limits (`query.py`) and,
 on a server, a read-only user (docs/analyst-sql.md) are the next ones.
 
+Parameters: the placeholders the checked tree holds are returned with the text (`checked_sql`), so the caller binds
+exactly those in the engine and refuses any other parameter (query.py: `bind_values`, `engine_query`). A
+`{name:Type}` inside a string literal is text, not a placeholder, and is not returned.
+
 `split_statements` / `first_keyword` below are *not* part of the gate: they split kvpipe's own trusted migration
 files and stay for the code that does that.
 """
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import NamedTuple
 
 import sqlglot
 from sqlglot import exp
@@ -109,22 +114,44 @@ def allowed_tables() -> frozenset[str]:
     return frozenset(names)
 
 
+class CheckedSql(NamedTuple):
+    """A statement that passed the gate: the text to run and the `{name:Type}` placeholders of its tree."""
+
+    text: str
+    placeholders: dict[str, str]  # name -> ClickHouse type, as written in `text`
+
+
 def check_sql(sql: str, *, database: str = DEFAULT_DATABASE) -> str:
     """The SQL to run for `sql` (regenerated from the checked tree), or SqlRefused / SqlSyntaxError saying why not."""
+    return checked_sql(sql, database=database).text
+
+
+def checked_sql(sql: str, *, database: str = DEFAULT_DATABASE) -> CheckedSql:
+    """`check_sql`, with the placeholders found in the checked tree (the only names a parameter may bind)."""
     if not isinstance(sql, str) or not sql.strip():
         raise SqlRefused("empty SQL: expected one SELECT / WITH / SHOW / DESCRIBE / EXPLAIN statement")
     statement = _parse_one(sql)
     if isinstance(statement, exp.Describe):
-        out = _describe(statement, database)
-    elif isinstance(statement, exp.Command) and statement.name.upper() in ("SHOW", "EXPLAIN"):
+        return CheckedSql(_describe(statement, database), {})
+    if isinstance(statement, exp.Command) and statement.name.upper() in ("SHOW", "EXPLAIN"):
         tail = statement.expression.name if statement.expression else ""
-        out = _show(tail, database) if statement.name.upper() == "SHOW" else _explain(tail, database)
-    elif isinstance(statement, _QUERY):
-        out = _checked_query(statement, database)
-    else:
-        raise SqlRefused(f"{_statement_kind(statement, sql)} statements are not allowed: analyst SQL is read-only "
-                         f"(allowed: SELECT, WITH ... SELECT, SHOW, DESCRIBE, EXPLAIN)")
-    return out
+        return CheckedSql(_show(tail, database), {}) if statement.name.upper() == "SHOW" else _explain(tail, database)
+    if isinstance(statement, _QUERY):
+        return _checked_query(statement, database)
+    raise SqlRefused(f"{_statement_kind(statement, sql)} statements are not allowed: analyst SQL is read-only "
+                     f"(allowed: SELECT, WITH ... SELECT, SHOW, DESCRIBE, EXPLAIN)")
+
+
+def _placeholders(tree: exp.Expression) -> dict[str, str]:
+    """The placeholders of a checked tree (the tree of the text that runs: `_checked_query` re-parses it)."""
+    found: dict[str, str] = {}
+    for node in tree.find_all(exp.Placeholder):
+        kind = node.args.get("kind")
+        type_name = kind.sql(dialect=DIALECT) if isinstance(kind, exp.Expression) else str(kind or "")
+        if node.name in found and found[node.name] != type_name:
+            raise SqlRefused(f"parameter {node.name!r} is used with two types ({found[node.name]}, {type_name})")
+        found[node.name] = type_name
+    return found
 
 
 # Compatibility name: the sink and the CLI called the read-only check this.
@@ -154,7 +181,7 @@ def _parse_one(sql: str) -> exp.Expression:
     return statements[0]
 
 
-def _checked_query(query: exp.Expression, database: str) -> str:
+def _checked_query(query: exp.Expression, database: str) -> CheckedSql:
     _check_tree(query, database)
     out = query.sql(dialect=DIALECT, comments=False)
     # Fixed point: what we run must parse back to a tree that passes and prints the same text.
@@ -162,7 +189,7 @@ def _checked_query(query: exp.Expression, database: str) -> str:
     _check_tree(again, database)
     if again.sql(dialect=DIALECT, comments=False) != out:
         raise SqlRefused("the statement does not print back to itself after parsing; rewrite it more plainly")
-    return out
+    return CheckedSql(out, _placeholders(again))
 
 
 def _describe(statement: exp.Describe, database: str) -> str:
@@ -190,7 +217,7 @@ def _show(tail: str, database: str) -> str:
     raise SqlRefused("SHOW is allowed as SHOW TABLES or SHOW CREATE TABLE <kvpipe table> only")
 
 
-def _explain(tail: str, database: str) -> str:
+def _explain(tail: str, database: str) -> CheckedSql:
     tokens = _raw_tokens(tail)
     kind = ""
     body = tail
@@ -202,7 +229,8 @@ def _explain(tail: str, database: str) -> str:
     query = _parse_one(body)
     if not isinstance(query, _QUERY):
         raise SqlRefused("EXPLAIN is allowed on a SELECT only")
-    return f"EXPLAIN {kind + ' ' if kind else ''}{_checked_query(query, database)}"
+    checked = _checked_query(query, database)
+    return CheckedSql(f"EXPLAIN {kind + ' ' if kind else ''}{checked.text}", checked.placeholders)
 
 
 # --- the tree walk ----------------------------------------------------------------------------------------------
@@ -289,6 +317,9 @@ def _ctes_in_scope(node: exp.Expression) -> frozenset[str]:
 def _check_placeholder(node: exp.Placeholder) -> None:
     kind = node.args.get("kind")
     type_name = kind.sql(dialect=DIALECT) if isinstance(kind, exp.Expression) else str(kind or "")
+    if not type_name.strip() or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", node.name or ""):
+        raise SqlRefused(f"placeholder {node.sql(dialect=DIALECT)!r} is not allowed: parameters are written "
+                         f"{{name:Type}} (a name of letters, digits and _, and a ClickHouse type)")
     if type_name.strip().lower() == "identifier":
         raise SqlRefused(f"parameter {{{node.name}:Identifier}} is not allowed: parameters bind values, not names")
 

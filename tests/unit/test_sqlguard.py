@@ -251,7 +251,7 @@ def test_check_statement_maps_refusal_to_403_and_parse_error_to_400() -> None:
     with pytest.raises(QueryError) as bad:
         check_statement("SELECT (")
     assert bad.value.status == 400
-    assert check_statement("SELECT 1") == "SELECT 1"
+    assert check_statement("SELECT 1").text == "SELECT 1"
 
 
 def test_limits_from_settings_become_throwing_engine_settings() -> None:
@@ -295,3 +295,67 @@ def test_redact_dsn() -> None:
     assert redact_dsn("chdb:///var/lib/kvpipe/analytics") == "chdb:///var/lib/kvpipe/analytics"
     assert "pw" not in redact_dsn("clickhouse://u:pw@h/db")
     assert dsn_database("http://ch:8123/kvpipe") == "kvpipe" and dsn_database("chdb:///x/y") == "default"
+
+
+# --- parameters bind only to placeholders of the checked tree ----------------------------------------------------
+
+def test_checked_sql_returns_the_placeholders_of_the_tree_not_of_literals() -> None:
+    from kvpipe.processors.analytics.sqlguard import checked_sql
+
+    checked = checked_sql("SELECT {s:String} AS v, '{t:String}' AS lit, {a:Array(Int32)} AS a FROM kv_events "
+                          "WHERE group_idx = {g:Int32}")
+    assert checked.placeholders == {"s": "String", "a": "Array(Int32)", "g": "Int32"}
+    assert checked_sql("EXPLAIN SELECT {n:UInt32}").placeholders == {"n": "UInt32"}
+    assert checked_sql("SHOW TABLES").placeholders == {}
+    for untyped in ("SELECT ?", "SELECT :x"):
+        with pytest.raises(SqlRefused, match="placeholder"):
+            checked_sql(untyped)
+
+
+class _RecordingClient:
+    """Stands in for the transport only: records what would be sent (the engine side is tested on real chDB)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def query(self, statement, parameters=None, settings=None):
+        self.calls.append((statement, parameters))
+        return "sent"
+
+
+@pytest.mark.parametrize("sql,params", [
+    ("SELECT '%(s)s' AS v", {"s": "; DROP TABLE kv_events; SELECT "}),
+    ('SELECT 1 AS "%(s)s"', {"s": '"; DROP TABLE kv_events; SELECT 1 AS "'}),
+    ("SELECT `%(s)s` FROM kv_events", {"s": "x"}),
+    ("SELECT {n:UInt32} AS n, '%(s)s' AS v", {"n": 1, "s": "x"}),
+    ("SELECT '{s:String}' AS v", {"s": "x"}),
+])
+def test_a_param_that_names_no_placeholder_is_refused_before_the_transport(sql, params) -> None:
+    from kvpipe.processors.analytics.query import QueryLimits, run_checked
+
+    runs = []
+    with pytest.raises(QueryError) as refused:
+        run_checked(lambda *a: runs.append(a), sql, params, QueryLimits())
+    assert refused.value.status == 400 and "params['s']" in refused.value.detail
+    assert runs == []
+
+
+def test_engine_query_sends_only_what_the_engine_binds() -> None:
+    from kvpipe.processors.analytics.query import engine_query
+
+    client = _RecordingClient()
+    with pytest.raises(QueryError, match="bad sql params"):
+        engine_query(client, "SELECT '%(s)s' AS v", {"s": "x"}, {})
+    assert client.calls == []
+    assert engine_query(client, "SELECT {s: String} AS v", {"s": "x'%(y)s"}, {}) == "sent"
+    assert engine_query(client, "SELECT '%(s)s' AS v", None, {}) == "sent"  # no params: no formatting at all
+    assert client.calls == [("SELECT {s: String} AS v", {"s": "x'%(y)s"}), ("SELECT '%(s)s' AS v", None)]
+
+
+def test_a_placeholder_without_a_value_is_named() -> None:
+    from kvpipe.processors.analytics.query import bind_values
+    from kvpipe.processors.analytics.sqlguard import checked_sql
+
+    with pytest.raises(QueryError, match=r"\{n:UInt32\} has no value"):
+        bind_values(checked_sql("SELECT {n:UInt32}"), {})
+    assert bind_values(checked_sql("SELECT {n:UInt32}"), {"n": 3}) == {"n": 3}
