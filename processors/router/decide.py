@@ -156,9 +156,8 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
             pending.append(p)
     if deferred and (zeros.every or not _zero_cannot_win(rows, light, scoring, loads)):
         for members, touched_set, zero, lists in deferred:
-            for m, (node, model) in enumerate(members):
-                if m not in touched_set:
-                    zeros.add(_shape(planned, zero, node, model, lists, checked.num_tokens, req), node)
+            zeros.add_members(members, touched_set, lambda node, model: _shape(
+                planned, zero, node, model, lists, checked.num_tokens, req))
     zeros.finish()
     hits = search.search(jobs)  # every other node's hits in one call
     for p in pending:
@@ -197,6 +196,39 @@ class _Zeros:
         rank = zero_rank(z, node, self.scoring, load, self.now, self.stale_after_s)
         if self.best is None or rank < self.best[0]:
             self.best = (rank, z, node, load)
+
+    def add_members(self, members: Sequence[tuple[NodeState, NodeModel]], skip: set[int],
+                    shape: Callable[[NodeState, NodeModel], Zero]) -> None:
+        """`add` for every member not in `skip`. Ranking only, the rank of `zero_rank` worked out inline: with
+        nothing held a node's score is its load term alone (the benefit is 0.0 whatever its cap) and its tier
+        depends on the node, not on the shape, so a shape is made only for the best node. An uncached prompt
+        ranks every node of the fleet this way; per node this is a few attribute reads, not a row's rules."""
+        if self.every:
+            for m, (node, model) in enumerate(members):
+                if m not in skip:
+                    self.add(shape(node, model), node)
+            return
+        s = self.scoring
+        rw, ww, kw = s.running_weight, s.waiting_weight, s.kv_usage_weight
+        now, stale = self.now, self.stale_after_s
+        get = self.loads.get
+        best = self.best[0] if self.best is not None else None
+        found = None
+        for m, (node, model) in enumerate(members):
+            if m in skip:
+                continue
+            tier = 2 if node.suspect else 1 if stale is not None and now - node.last_seen > stale else 0
+            if best is not None and tier > best[0]:
+                continue
+            load = get(node.node_id, _NO_LOAD)
+            # rows.score(0, 0, …) term by term: benefit 0.0 minus rows.penalty(load, 0, s)
+            rank = (tier, -round(0.0 - (rw * load.running + ww * (load.waiting + 0) + kw * load.kv_usage), 9), 0, 0,
+                    node.node_id)
+            if best is None or rank < best:
+                best, found = rank, (node, model, load)
+        if found is not None:
+            node, model, load = found
+            self.best = (best, shape(node, model), node, load)
 
     def finish(self) -> None:
         if self.best is not None:

@@ -42,7 +42,8 @@ def test_native_cohorts_answer_as_the_per_node_path(seed, monkeypatch):
 
     monkeypatch.setattr(decide, "cohort_hits", spy)
     native, python = HitSearch("native"), HitSearch("python")
-    for tokens in bench.prompts(docs, 12, rng):
+    uncached = [[rng.randrange(50_000, 60_000) for _ in range(300)] for _ in range(2)]  # no node holds these
+    for tokens in bench.prompts(docs, 12, rng) + uncached:
         for req in (RouteRequest(token_ids=tokens), RouteRequest(token_ids=tokens, include_zero=True),
                     RouteRequest(token_ids=tokens, top_k=1), RouteRequest(token_ids=tokens, top_k=2),
                     RouteRequest(token_ids=tokens, top_k=5, include_zero=True),
