@@ -185,7 +185,7 @@ pub fn ingest_run(
     headers: Vec<(String, Vec<u8>)>,
 ) -> PyResult<RunOut> {
     let py = store.py();
-    let mut core = store.borrow_mut();
+    let core = store.borrow_mut();
     let (a_partition, a_offset, a_value, a_headers, a_ts, a_ts_type) = (
         pyo3::intern!(py, "partition"),
         pyo3::intern!(py, "offset"),
@@ -336,7 +336,7 @@ pub fn ingest_run(
             for (ev, &sid) in parsed.events.iter().zip(&sids) {
                 let keys = &parsed.keys[ev.start..ev.end];
                 if ev.kind == STORED {
-                    match core.inner.store(sid, keys, env.ts, cap) {
+                    match crate::pystore::write(&core.inner).store(sid, keys, env.ts, cap) {
                         Ok((kept, refused)) => {
                             node.stored += kept as u64;
                             if refused > 0 {
@@ -346,7 +346,7 @@ pub fn ingest_run(
                         Err(e) => error = Some(e),
                     }
                 } else {
-                    match core.inner.remove(sid, keys) {
+                    match crate::pystore::write(&core.inner).remove(sid, keys) {
                         Ok(rm) => {
                             node.removed += rm.removed as u64;
                             node.unknown += rm.unknown as u64;

@@ -1,8 +1,10 @@
 //! The index's block store's Python face (`kvpipe_native.IndexStore`, `kvpipe_native.MemberTable`):
 //! `processors/slots.py` drives it; the storage itself is `store::Store`.
 
-use pyo3::prelude::*;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
 use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyBytes, PyDict, PyList, PySet};
 
 use crate::pyhit::HitEngine;
@@ -10,10 +12,25 @@ use crate::{batch, err, key_of, keys_of, route, snapshot, store, with_buffer, Ba
 
 /// The index's per-block storage (`store::Store`) for `processors/index.py`: slots by id, blocks
 /// by 64-bit key. Hash arguments are ints or bytes (vLLM's external forms), read with `key_of`.
+///
+/// The storage sits behind a reader-writer lock shared with the native route server's threads
+/// (`decide.rs`), which read it without the GIL while ingest writes; every method here takes the
+/// lock for its own call only, so a writer never waits behind more than one route's read.
 #[pyclass(module = "kvpipe_native")]
 #[derive(Default)]
 pub(crate) struct IndexStore {
-    pub(crate) inner: store::Store,
+    pub(crate) inner: Shared,
+}
+
+/// The store as the route server shares it.
+pub(crate) type Shared = Arc<RwLock<store::Store>>;
+
+pub(crate) fn read(s: &Shared) -> RwLockReadGuard<'_, store::Store> {
+    s.read().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) fn write(s: &Shared) -> RwLockWriteGuard<'_, store::Store> {
+    s.write().unwrap_or_else(|e| e.into_inner())
 }
 
 type Closed = (Vec<u64>, Vec<f64>);
@@ -42,7 +59,7 @@ impl IndexStore {
     /// `medium` (`gpu`: the GPU medium); `route_cohort` reports per owner and medium.
     #[pyo3(signature = (group, owner=0, medium=0, gpu=true))]
     fn new_slot(&mut self, group: u64, owner: u32, medium: u16, gpu: bool) -> PyResult<u32> {
-        self.inner
+        write(&self.inner)
             .new_slot(group, store::SlotMeta { owner, medium, gpu })
             .map_err(err)
     }
@@ -57,7 +74,7 @@ impl IndexStore {
         cap: Option<usize>,
     ) -> PyResult<(usize, usize)> {
         let keys = keys_of(hashes)?;
-        self.inner.store(slot, &keys, ts, cap).map_err(err)
+        write(&self.inner).store(slot, &keys, ts, cap).map_err(err)
     }
 
     /// Remove one copy of each hash. Returns (removed, unknown, ended keys, their store times).
@@ -67,13 +84,13 @@ impl IndexStore {
         hashes: &Bound<'_, PyAny>,
     ) -> PyResult<(usize, usize, Vec<u64>, Vec<f64>)> {
         let keys = keys_of(hashes)?;
-        let r = self.inner.remove(slot, &keys).map_err(err)?;
+        let r = write(&self.inner).remove(slot, &keys).map_err(err)?;
         Ok((r.removed, r.unknown, r.keys, r.ts))
     }
 
     /// Drop the slot and every entry; returns them (keys, store times) sorted by (time, key).
     fn close(&mut self, slot: u32) -> PyResult<Closed> {
-        self.inner.close(slot).map_err(err)
+        write(&self.inner).close(slot).map_err(err)
     }
 
     fn load(
@@ -84,32 +101,34 @@ impl IndexStore {
         extra: Vec<(u64, u32)>,
     ) -> PyResult<()> {
         let keys = keys_of(keys)?;
-        self.inner.load(slot, &keys, &ts, &extra).map_err(err)
+        write(&self.inner)
+            .load(slot, &keys, &ts, &extra)
+            .map_err(err)
     }
 
     fn slot_len(&self, slot: u32) -> PyResult<usize> {
-        self.inner.len(slot).map_err(err)
+        read(&self.inner).len(slot).map_err(err)
     }
 
     fn get(&self, slot: u32, hash: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
-        self.inner.get(slot, key_of(hash)?).map_err(err)
+        read(&self.inner).get(slot, key_of(hash)?).map_err(err)
     }
 
     /// Copies of `hash` the slot holds (0 when none).
     fn copies(&self, slot: u32, hash: &Bound<'_, PyAny>) -> PyResult<u32> {
-        self.inner.copies(slot, key_of(hash)?).map_err(err)
+        read(&self.inner).copies(slot, key_of(hash)?).map_err(err)
     }
 
     fn items(&self, slot: u32) -> PyResult<Closed> {
-        self.inner.items(slot).map_err(err)
+        read(&self.inner).items(slot).map_err(err)
     }
 
     fn dup_items(&self, slot: u32) -> PyResult<Vec<(u64, u32)>> {
-        self.inner.dup_items(slot).map_err(err)
+        read(&self.inner).dup_items(slot).map_err(err)
     }
 
     fn holders(&self, group: u64, hash: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
-        Ok(self.inner.holders(group, key_of(hash)?))
+        Ok(read(&self.inner).holders(group, key_of(hash)?))
     }
 
     /// Per slot holding any of the request's blocks, the set of positions it holds: `lists` is
@@ -123,7 +142,7 @@ impl IndexStore {
         let mut at: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
         for (group, hashes) in lists {
             let keys = keys_of(&hashes)?;
-            self.inner.for_each_held(group, &keys, |sid, i| {
+            read(&self.inner).for_each_held(group, &keys, |sid, i| {
                 let k = *at.entry(sid).or_insert_with(|| {
                     by_slot.push((sid, Vec::new()));
                     by_slot.len() - 1
@@ -286,7 +305,7 @@ impl IndexStore {
             })
             .collect();
         let out = route::route_cohort(
-            &self.inner,
+            &read(&self.inner),
             &engine.layouts,
             &lists,
             &members.inner,
@@ -310,12 +329,12 @@ impl IndexStore {
 
     /// Live (block × holder) entries.
     fn entries(&self) -> usize {
-        self.inner.entries()
+        read(&self.inner).entries()
     }
 
     /// Heap bytes of the storage (tables at their allocated size).
     fn memory_bytes(&self) -> usize {
-        self.inner.memory_bytes()
+        read(&self.inner).memory_bytes()
     }
 
     /// Slot `slot`'s snapshot records (`snapshot::write_slot`): one msgpack `SlotSnap` per piece,
@@ -328,13 +347,17 @@ impl IndexStore {
         medium: &str,
         cuts: Vec<usize>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-        let pieces = snapshot::write_slot(&self.inner, slot, group, medium, &cuts).map_err(err)?;
+        let pieces =
+            snapshot::write_slot(&read(&self.inner), slot, group, medium, &cuts).map_err(err)?;
         Ok(pieces.iter().map(|p| PyBytes::new(py, p)).collect())
     }
 
     /// Load one snapshot record (any bytes-like object) into slot `slot`; returns its entries.
     fn load_snapshot(&mut self, slot: u32, data: &Bound<'_, PyAny>) -> PyResult<usize> {
-        with_buffer(data, |d| snapshot::load_slot(&mut self.inner, slot, d)).map_err(err)
+        with_buffer(data, |d| {
+            snapshot::load_slot(&mut write(&self.inner), slot, d)
+        })
+        .map_err(err)
     }
 }
 
@@ -351,13 +374,13 @@ impl IndexStore {
         out: &mut Applied,
     ) -> PyResult<()> {
         if storing {
-            let (kept, refused) = self.inner.store(sid, keys, ts, cap).map_err(err)?;
+            let (kept, refused) = write(&self.inner).store(sid, keys, ts, cap).map_err(err)?;
             out.1 += kept;
             if refused > 0 {
                 out.4.push((sid, refused));
             }
         } else {
-            let r = self.inner.remove(sid, keys).map_err(err)?;
+            let r = write(&self.inner).remove(sid, keys).map_err(err)?;
             out.2 += r.removed;
             out.3 += r.unknown;
             let m = r.keys.len();
@@ -390,4 +413,3 @@ impl MemberTable {
         self.inner.owners.len()
     }
 }
-

@@ -81,10 +81,16 @@ impl Members {
         let entries = (0..store.slot_capacity() as u32)
             .map(|sid| {
                 let Some(meta) = store.meta(sid) else {
-                    return SlotEntry { member: NOT_MEMBER, class: 0 };
+                    return SlotEntry {
+                        member: NOT_MEMBER,
+                        class: 0,
+                    };
                 };
                 let Some(&m) = self.by_owner.get(&meta.owner) else {
-                    return SlotEntry { member: NOT_MEMBER, class: 0 };
+                    return SlotEntry {
+                        member: NOT_MEMBER,
+                        class: 0,
+                    };
                 };
                 let class = if meta.gpu {
                     0
@@ -158,7 +164,11 @@ fn range_bits(w: &mut Vec<u64>, words: usize, start: usize, end: usize) {
     while i < end {
         let shift = i & 63;
         let n = (64 - shift).min(end - i);
-        let mask = if n == 64 { u64::MAX } else { ((1u64 << n) - 1) << shift };
+        let mask = if n == 64 {
+            u64::MAX
+        } else {
+            ((1u64 << n) - 1) << shift
+        };
         w[i >> 6] |= mask;
         i += n;
     }
@@ -259,7 +269,9 @@ pub fn route_cohort(
     }
     let map = members.slot_map(store);
     if map.media.iter().any(|&id| id as u32 >= MEDIA_BITS) {
-        return Err(format!("a medium id past {MEDIA_BITS}: the caller reads media the reference way"));
+        return Err(format!(
+            "a medium id past {MEDIA_BITS}: the caller reads media the reference way"
+        ));
     }
     let classes = 1 + map.media.len();
     let lens: Vec<usize> = lists.iter().map(|(_, keys)| keys.len()).collect();
@@ -273,12 +285,23 @@ pub fn route_cohort(
     }
     let nm = members.owners.len();
     // a call that panicked may have left bits set: start that buffer afresh
-    let mut scratch = members.scratch.lock().unwrap_or_else(|e| {
-        let mut g = e.into_inner();
-        g.clear();
-        g
-    });
-    let bits: &mut Vec<u64> = &mut scratch;
+    // Route threads may search one cohort at once: the first takes the kept buffer, the others
+    // work on a fresh one rather than wait (a call that panicked may have left bits set: start
+    // that buffer afresh).
+    let mut kept = match members.scratch.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(e)) => {
+            let mut g = e.into_inner();
+            g.clear();
+            Some(g)
+        }
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    };
+    let mut own: Vec<u64> = Vec::new();
+    let bits: &mut Vec<u64> = match kept.as_deref_mut() {
+        Some(v) => v,
+        None => &mut own,
+    };
     if bits.len() != nm * classes * per {
         bits.clear();
         bits.resize(nm * classes * per, 0);
@@ -300,7 +323,12 @@ pub fn route_cohort(
     }
     // the media classes in the router's order (by rank of the medium id)
     let mut order: Vec<usize> = (1..classes).collect();
-    order.sort_by_key(|&c| media_rank.get(map.media[c - 1] as usize).copied().unwrap_or(u32::MAX));
+    order.sort_by_key(|&c| {
+        media_rank
+            .get(map.media[c - 1] as usize)
+            .copied()
+            .unwrap_or(u32::MAX)
+    });
     let mut any: Vec<Vec<u64>> = words.iter().map(|&n| vec![0; n]).collect();
     let mut gpu: Vec<Vec<u64>> = words.iter().map(|&n| vec![0; n]).collect();
     let mut left: Vec<u64> = Vec::new();
@@ -341,7 +369,11 @@ pub fn route_cohort(
             };
             let mut per_group = Vec::with_capacity(groups);
             for k in 0..groups {
-                let (s, e) = if any_tokens != 0 { any_spans[k] } else { (0, 0) };
+                let (s, e) = if any_tokens != 0 {
+                    any_spans[k]
+                } else {
+                    (0, 0)
+                };
                 let gpu_blocks = if gpu_tokens != 0 {
                     gpu_spans[k].1 - gpu_spans[k].0.min(gpu_spans[k].1)
                 } else {
