@@ -37,7 +37,7 @@ app = faust.App(
     # `faust -A <this module> worker` imports only this module; discovery imports the agents and
     # views so Faust's own worker runs what `kvpipe` runs (a list, not the package: scanning the
     # whole package would import the other app too).
-    autodiscover=["kvpipe.processors.agents", "kvpipe.processors.views"],
+    autodiscover=["kvpipe.processors.agents", "kvpipe.processors.views", "kvpipe.processors.routeserve"],
     Monitor=fastpath.QuietMonitor,  # Faust's per-event statistics: ~6% of the worker, unread
     **faust_broker_kwargs(settings),  # Kafka TLS/SASL (docs/security.md)
 )

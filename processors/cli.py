@@ -28,14 +28,20 @@ from kvpipe.schemas.settings import SettingsError, load_settings
 @click.option("--state-dir", help="local state directory (KVPIPE_STATE_DIR)")
 @click.option("--topic", help="events topic to consume (KVPIPE_EVENTS_TOPIC)")
 @click.option("--processor-id", help="Faust app id = consumer group (KVPIPE_PROCESSOR_ID)")
+@click.option("--route-port", type=int, help="port of the native route server: POST /route on native threads "
+              "beside ingest, every other request passed to --web-port (KVPIPE_ROUTE_PORT; 0 = off)")
+@click.option("--route-threads", type=int, help="threads of the native route server (KVPIPE_ROUTE_THREADS; "
+              "0 = one per core)")
 @bootstrap_server_option()
 @log_level_option(loglevel_alias=True)
 def processor(web_port: int | None, web_host: str | None, insecure: bool, state_dir: str | None, topic: str | None,
-              processor_id: str | None, bootstrap_server: str | None, log_level: str) -> int:
+              processor_id: str | None, route_port: int | None, route_threads: int | None,
+              bootstrap_server: str | None, log_level: str) -> int:
     apply_bootstrap(bootstrap_server)
     # log_level is resolved (flag, KVPIPE_LOG_LEVEL, default): Faust's Worker configures logging at it
     flags = {"KVPIPE_WEB_PORT": web_port, "KVPIPE_WEB_HOST": web_host, "KVPIPE_STATE_DIR": state_dir,
-             "KVPIPE_EVENTS_TOPIC": topic, "KVPIPE_PROCESSOR_ID": processor_id}
+             "KVPIPE_EVENTS_TOPIC": topic, "KVPIPE_PROCESSOR_ID": processor_id, "KVPIPE_ROUTE_PORT": route_port,
+             "KVPIPE_ROUTE_THREADS": route_threads}
     settings = worker_settings("kvpipe processor", flags, insecure)
     if settings is None:
         return 2
@@ -48,7 +54,7 @@ def processor(web_port: int | None, web_host: str | None, insecure: bool, state_
         return 2
     from faust.worker import Worker
 
-    from kvpipe.processors import agents, views  # noqa: F401  (registers the agent, timers and pages)
+    from kvpipe.processors import agents, routeserve, views  # noqa: F401  (registers the agent, timers and pages)
     from kvpipe.processors.app import app
 
     os.makedirs(settings.state_path("processor"), exist_ok=True)

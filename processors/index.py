@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import itertools
 from functools import partial
-from typing import Any, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 from kvpipe.gpu.layout import layout_problem
 from kvpipe.processors.analytics.lifecols import LifetimeColumns
@@ -150,6 +150,9 @@ class Index:
         # configuration or model: what the router's per-index plan depends on (`router.plan`).
         # Code that edits `nodes` directly (a snapshot restore) bumps it too.
         self.generation = 0
+        # Told the new generation whenever it moves (the native route path stops answering until its plan is
+        # re-exported: processors/router/native.py).
+        self.on_move: Callable[[int], None] | None = None
         self.counters: dict[str, int] = dict.fromkeys(INDEX_COUNTERS, 0)
 
     # -- ingest ------------------------------------------------------------------------------------
@@ -168,7 +171,7 @@ class Index:
                 counters["refused_envelopes"] += 1
                 return REFUSED, closed
             node = self.nodes[env.node_id] = NodeState(env.node_id, env.epoch, partition)
-            self.generation += 1
+            self._move()
             if env.seq != 0:
                 node.mark_suspect(f"first envelope seen is epoch {env.epoch} seq {env.seq}: seqs 0..{env.seq - 1} were never seen")
         else:
@@ -186,7 +189,7 @@ class Index:
                 self._close_slots(node, node.slots.values(), REASON_CLEARED, env.ts, offset, -1, closed)
                 node.epoch, node.seq = env.epoch, -1
                 node.suspect, node.reason, node.expired = False, "", False
-                self.generation += 1
+                self._move()
                 node.partial_since = None
                 counters["new_epochs"] += 1
             elif node.expired:
@@ -198,7 +201,7 @@ class Index:
                                   f"({env.seq - node.seq - 1} envelopes missing)")
         if node.expired:
             node.expired = False
-            self.generation += 1
+            self._move()
         node.seq = env.seq
         node.partition = partition
         node.last_offset = offset
@@ -207,11 +210,11 @@ class Index:
         if env.group_specs is not None or env.hash_config is not None:
             if env.group_specs is not None:
                 if env.group_specs != node.group_specs:
-                    self.generation += 1
+                    self._move()
                 node.group_specs = env.group_specs
             if env.hash_config is not None:
                 if env.hash_config != node.hash_config:
-                    self.generation += 1
+                    self._move()
                 node.hash_config = env.hash_config
             # a layout vLLM itself refuses: its hits cannot be computed, say why on the node
             problem = layout_problem(node.group_specs, node.hash_config) if node.group_specs else None
@@ -219,7 +222,7 @@ class Index:
                 node.mark_suspect(f"layout vLLM refuses: {problem}")
         if env.model is not None:
             if env.model != node.model:
-                self.generation += 1
+                self._move()
             node.model = env.model
         if env.dp_rank is not None:
             node.dp_rank = env.dp_rank
@@ -407,7 +410,7 @@ class Index:
         for slot in node.slots.values():  # none after expiry; kept for safety
             self.store.close(slot)
         del self.nodes[node.node_id]
-        self.generation += 1
+        self._move()
         self._expired_order.pop(node.node_id, None)
         self.counters["forgotten_nodes"] += 1
 
@@ -431,7 +434,7 @@ class Index:
         expired_at = node.last_seen + (self.ttl_s or 0.0)
         self._close_slots(node, node.slots.values(), REASON_NODE_EXPIRED, expired_at, node.last_offset, -1, closed)
         node.expired = True
-        self.generation += 1
+        self._move()
         node.expired_at = expired_at
         self.note_expired(node)
         self.counters["expired_nodes"] += 1
@@ -463,7 +466,7 @@ class Index:
             for slot in node.slots.values():
                 self.store.close(slot)
             del self.nodes[node.node_id]
-        self.generation += 1
+        self._move()
         return len(gone)
 
     def slot(self, node: NodeState, group: int, medium: str) -> Slot:
@@ -478,6 +481,11 @@ class Index:
         self.store.load(slot, blocks, dups)
 
     # -- queries -----------------------------------------------------------------------------------
+
+    def _move(self) -> None:
+        self.generation += 1
+        if self.on_move is not None:
+            self.on_move(self.generation)
 
     def sizes(self) -> dict[str, dict[str, int]]:
         """`{group: {medium: live keys}}` (expired nodes hold none)."""

@@ -233,7 +233,10 @@ def cluster_stats() -> dict:
 @app.page("/stats")
 class Stats(web.View):
     async def get(self, request: web.Request) -> web.Response:
-        return self.json({**collect_stats(runtime, _highwater), "cluster": cluster_stats()})
+        from kvpipe.processors.routeserve import serving  # (it imports this module)
+
+        return self.json({**collect_stats(runtime, _highwater), "cluster": cluster_stats(),
+                          "route_server": serving.stats()})
 
 
 runtime.metrics.watch(lambda: collect_stats(runtime, _highwater))  # kvpipe.processors.metrics

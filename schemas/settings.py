@@ -127,6 +127,12 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     route_inflight_max_requests: int = 100_000  # in-flight records per worker; the oldest go first
     route_inflight_max_entries: int = 2_000_000  # speculative (node, group, hash) entries per worker
     route_stale_after_s: float = 15.0  # a node silent longer than this ranks after live ones ("stale")
+    # the native route server (processors/routeserve.py): POST /route answered on `route_threads` native
+    # threads beside ingest, everything else passed to this app's web port; 0 = off
+    route_port: int = 0
+    route_threads: int = 0  # 0: one per core this process may run on
+    route_reuse_port: bool = False  # SO_REUSEPORT: router replicas on one host share route_port
+    route_refresh_s: float = 0.005  # how often the nodes' live state (load, suspect, last seen) reaches it
     # the hit search: "native" (native/, built by infra/scripts/venv.sh; the Python one when it is not
     # importable) or "python" (gpu/hit.py, the reference): equal answers, the native one is faster
     route_search_engine: Literal["native", "python"] = "native"

@@ -7,29 +7,37 @@
 //! - `snapshot`: a slot's snapshot record written and read as msgspec's bytes;
 //! - `hit` (Python face `pyhit::HitEngine`): vLLM's hybrid hit on held positions, and `route`: every
 //!   node of a cohort searched from the store in one call (`processors/router/cohort.py`);
-//! - `tokenhash`: vLLM's default block hash chained over token ids (`processors/router/hashing.py`).
+//! - `tokenhash`: vLLM's default block hash chained over token ids (`processors/router/hashing.py`);
+//! - `decide` (Python face `pyroute::NativeRouter`): the route decision of the common request without
+//!   Python, from a plan `processors/router/native.py` exports; `serve` (Python face
+//!   `pyserve::RouteServer`): the HTTP server that runs it on threads of its own
+//!   (`processors/routeserve.py`), passing everything else to the Python app.
 //!
 //! Python owns the API, the errors and the layout rules (`gpu/layout.py`, `gpu/hit.py`); each part
 //! has a Python reference that a property test holds it equal to.
 
 pub mod batch;
+pub mod decide;
 pub mod envelope;
 pub mod hit;
 pub mod route;
+pub mod serve;
 pub mod snapshot;
 pub mod store;
 pub mod tokenhash;
 
 mod ingestrun;
 mod pyhit;
+mod pyroute;
+mod pyserve;
 mod pystore;
 
 use pyhit::HitEngine;
-pub(crate) use pystore::IndexStore;
-use pystore::MemberTable;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyBytes, PyInt, PyList};
+pub(crate) use pystore::IndexStore;
+use pystore::MemberTable;
 
 /// A vLLM block hash as the 64-bit key the store uses: an int masked to 64 bits, bytes by their
 /// last 8 bytes big-endian (`processors/analytics/rows.py: hash_to_u64`, the same rule).
@@ -180,10 +188,13 @@ fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<IndexStore>()?;
     m.add_class::<Batch>()?;
     m.add_class::<MemberTable>()?;
+    m.add_class::<pyroute::NativeRouter>()?;
+    m.add_class::<pyserve::RouteServer>()?;
     m.add_function(wrap_pyfunction!(parse_batch, m)?)?;
     m.add_function(wrap_pyfunction!(sha256_token_chain, m)?)?;
     m.add_function(wrap_pyfunction!(ingestrun::ingest_run, m)?)?;
     m.add_function(wrap_pyfunction!(read_slot_head, m)?)?;
+    m.add_function(wrap_pyfunction!(pyserve::serve_static, m)?)?;
     m.add("GPU_MEDIUM", route::GPU_BIT)?;
     m.add("UNKNOWN_MEDIUM", route::UNKNOWN_BIT)?;
     m.add("MEDIA_BITS", route::MEDIA_BITS)?;

@@ -1,0 +1,570 @@
+//! The route decision without Python, for the native route server (`serve.rs`): token ids in, the
+//! answer `POST /route` gives out, read from the block store while ingest writes it.
+//!
+//! Python stays the reference and owns every rule that is not per request. It exports a `Plan`
+//! whenever the index's nodes change (`processors/router/native.py`: which nodes are eligible, their
+//! cohorts, hash configurations, spec models, the parts of the answer that do not depend on the
+//! prompt, already as JSON) and the nodes' live state (suspect, last seen, load) every few
+//! milliseconds. Per request this module does what `processors/router/decide.py` does on its native
+//! cohort path: hash the prompt per configuration (`tokenhash`), search each cohort in one store
+//! call (`route::route_cohort`), rank the touched nodes, find the best node holding nothing when it
+//! could win, choose, trim to `top_k`, write the JSON.
+//!
+//! Only the common request is answered here: `token_ids` with at most `top_k` beside it, while the
+//! plan matches the index's generation, every cohort takes the native path and no in-flight guess
+//! exists. Anything else returns None and the server hands the request to the Python app, which
+//! answers it as before (its 400s included). `tests/integration/test_native_route.py` holds both
+//! answers equal on seeded fleets.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+
+use crate::hit::Layout;
+use crate::pystore::{read, Shared};
+use crate::route::{self, Members, ModelArgs, NodeOut};
+use crate::tokenhash;
+
+/// `processors/router/request.py: MAX_TOKENS`; longer prompts get Python's 413.
+pub const MAX_TOKENS: usize = 1_000_000;
+
+/// One hash configuration the plan's nodes use (vLLM's default sha256 chain).
+pub struct Config {
+    pub none_hash: Vec<u8>,
+    pub unit: usize,
+    /// `{"label":…,"config":{…},"nodes":N,` of its `HashConfigUsed` entry.
+    pub json_head: String,
+}
+
+/// A spec model of a cohort: its layout in `Plan::layouts`, the list unit per group (tokens per
+/// list entry) and per group the head of its `GroupHit` JSON (`{"group_idx":…,"kind":…,"block_size":…,`).
+pub struct ModelPlan {
+    pub layout: usize,
+    pub units: Vec<i64>,
+    pub group_heads: Vec<String>,
+}
+
+pub struct CohortPlan {
+    pub config: usize,
+    /// The groups searched, with their block sizes, in the cohort's order.
+    pub groups: Vec<(u64, usize)>,
+    pub members: Members,
+    /// Plan node index per member.
+    pub nodes: Vec<usize>,
+    pub models: Vec<ModelPlan>,
+}
+
+pub struct NodePlan {
+    pub id: String,
+    /// `{"node_id":…,"epoch":…,"model":…,"dp_rank":…,` of its row.
+    pub head: String,
+}
+
+pub struct Plan {
+    pub generation: u64,
+    pub configs: Vec<Config>,
+    pub cohorts: Vec<CohortPlan>,
+    pub nodes: Vec<NodePlan>,
+    /// The answer's `no_signal` array, sorted by node id.
+    pub no_signal: String,
+    /// The answer's `model` field.
+    pub model: String,
+    pub layouts: Vec<Layout>,
+    pub media_rank: Vec<u32>,
+    /// Medium id → name.
+    pub media: Vec<String>,
+    /// `route_stale_after_s`, and its text as Python prints the float.
+    pub stale_after: Option<(f64, String)>,
+}
+
+/// A node's state between plans: suspect (with the reason as a JSON string), last seen (its own
+/// clock) and its last load report.
+#[derive(Clone)]
+pub struct Live {
+    pub suspect: Option<String>,
+    pub last_seen: f64,
+    pub running: i64,
+    pub waiting: i64,
+    pub kv_usage: f64,
+}
+
+/// Scoring's defaults (`processors/router/model.py: Scoring`); a request with its own scoring goes
+/// to Python.
+const OVERLAP_W: f64 = 1.0;
+const CPU_W: f64 = 0.5;
+const RUNNING_W: f64 = 0.02;
+const WAITING_W: f64 = 0.05;
+const KV_W: f64 = 0.5;
+
+pub struct Router {
+    store: Shared,
+    plan: RwLock<Option<Arc<Plan>>>,
+    live: RwLock<Arc<Vec<Live>>>,
+    generation: AtomicU64,
+    /// False while anything the native path does not model is in force (in-flight guesses, more
+    /// than one worker's nodes): every request goes to Python then.
+    open: AtomicBool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Request {
+    token_ids: Vec<i64>,
+    #[serde(default)]
+    top_k: Option<i64>,
+}
+
+/// A candidate row before it is written: its rank key, then what the row needs.
+struct Row<'a> {
+    tier: u8,
+    score: f64,
+    gpu: i64,
+    loadable: i64,
+    node: usize,
+    cohort: &'a CohortPlan,
+    member: usize,
+    out: Option<NodeOut>,
+}
+
+impl Router {
+    pub fn new(store: Shared) -> Self {
+        Router {
+            store,
+            plan: RwLock::new(None),
+            live: RwLock::new(Arc::new(Vec::new())),
+            generation: AtomicU64::new(u64::MAX),
+            open: AtomicBool::new(false),
+        }
+    }
+
+    pub fn set_plan(&self, plan: Plan, live: Vec<Live>) {
+        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(live);
+        *self.plan.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(plan));
+    }
+
+    pub fn set_live(&self, live: Vec<Live>) {
+        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(live);
+    }
+
+    pub fn set_generation(&self, generation: u64) {
+        self.generation.store(generation, Ordering::Release);
+    }
+
+    pub fn set_open(&self, open: bool) {
+        self.open.store(open, Ordering::Release);
+    }
+
+    /// Whether a request would be answered here now (the plan is current and the path open).
+    pub fn ready(&self) -> bool {
+        self.current().is_some()
+    }
+
+    fn current(&self) -> Option<Arc<Plan>> {
+        if !self.open.load(Ordering::Acquire) {
+            return None;
+        }
+        let plan = self
+            .plan
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        (plan.generation == self.generation.load(Ordering::Acquire)).then_some(plan)
+    }
+
+    /// The answer's JSON for `body`, or None for Python to answer.
+    pub fn answer(&self, body: &[u8]) -> Option<Vec<u8>> {
+        let req: Request = serde_json::from_slice(body).ok()?;
+        if req.token_ids.is_empty()
+            || req.token_ids.len() > MAX_TOKENS
+            || req.top_k.is_some_and(|k| k < 1)
+        {
+            return None; // Python's 400 / 413 with its reason
+        }
+        let plan = self.current()?;
+        let live = self.live.read().unwrap_or_else(|e| e.into_inner()).clone();
+        if live.len() != plan.nodes.len() {
+            return None;
+        }
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        decide(&plan, &live, &self.store, &req.token_ids, req.top_k, now)
+    }
+}
+
+/// Python's `round(x, 9)`: the decimal correctly rounded to 9 places, read back.
+fn round9(x: f64) -> f64 {
+    if !x.is_finite() {
+        return x;
+    }
+    format!("{x:.9}").parse().unwrap_or(x)
+}
+
+fn tier(l: &Live, now: f64, stale: Option<&(f64, String)>) -> u8 {
+    if l.suspect.is_some() {
+        2
+    } else if stale.is_some_and(|(s, _)| now - l.last_seen > *s) {
+        1
+    } else {
+        0
+    }
+}
+
+fn penalty(l: &Live) -> f64 {
+    RUNNING_W * l.running as f64 + WAITING_W * (l.waiting as f64) + KV_W * l.kv_usage
+}
+
+/// Rank order of `decide._rank`: tier, then higher score, more GPU tokens, more loadable tokens,
+/// then node id.
+fn before(a: &Row, b: &Row, plan: &Plan) -> bool {
+    (a.tier, -a.score, -a.gpu, -a.loadable)
+        .partial_cmp(&(b.tier, -b.score, -b.gpu, -b.loadable))
+        .map(|o| o.then_with(|| plan.nodes[a.node].id.cmp(&plan.nodes[b.node].id)))
+        .is_some_and(|o| o == std::cmp::Ordering::Less)
+}
+
+fn decide(
+    plan: &Plan,
+    live: &[Live],
+    store: &Shared,
+    tokens: &[i64],
+    top_k: Option<i64>,
+    now: f64,
+) -> Option<Vec<u8>> {
+    let num_tokens = tokens.len() as i64;
+    let cap = (num_tokens - 1).max(1) as f64;
+    let t_hash = Instant::now();
+    // per configuration: the chain's 64-bit keys (the digest's last 8 bytes, as the store keys them)
+    let mut chains: Vec<Option<Vec<u64>>> = (0..plan.configs.len()).map(|_| None).collect();
+    let mut config_nodes = vec![0usize; plan.configs.len()];
+    for c in &plan.cohorts {
+        if chains[c.config].is_none() {
+            let cfg = &plan.configs[c.config];
+            let digests = tokenhash::sha256_chain(&cfg.none_hash, tokens, cfg.unit)?;
+            chains[c.config] = Some(
+                digests
+                    .iter()
+                    .map(|d| u64::from_be_bytes(d[24..].try_into().expect("32-byte digest")))
+                    .collect(),
+            );
+        }
+        config_nodes[c.config] += c.members.owners.len();
+    }
+    let hashing_s = t_hash.elapsed().as_secs_f64();
+    let t_search = Instant::now();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut touched_sets: Vec<Vec<bool>> = Vec::with_capacity(plan.cohorts.len());
+    {
+        let st = read(store);
+        for c in &plan.cohorts {
+            let chain = chains[c.config].as_ref().expect("hashed above");
+            let unit = plan.configs[c.config].unit;
+            let lists: Vec<(u64, Vec<u64>)> = c
+                .groups
+                .iter()
+                .map(|&(g, bs)| {
+                    let k = bs / unit;
+                    (g, chain.iter().skip(k - 1).step_by(k).copied().collect())
+                })
+                .collect();
+            let models: Vec<ModelArgs> = c
+                .models
+                .iter()
+                .map(|m| ModelArgs {
+                    layout: m.layout,
+                    cap: num_tokens - 1,
+                    num_hashed: lists
+                        .iter()
+                        .zip(&m.units)
+                        .map(|((_, l), u)| l.len() as i64 * u)
+                        .max()
+                        .unwrap_or(0),
+                })
+                .collect();
+            let out = route::route_cohort(
+                &st,
+                &plan.layouts,
+                &lists,
+                &c.members,
+                &models,
+                &plan.media_rank,
+                false,
+            )
+            .ok()?;
+            // a medium opened since the plan was exported has no name here yet: Python answers
+            let named = (1u64 << plan.media.len().min(route::MEDIA_BITS as usize)) - 1;
+            if out.iter().any(|n| {
+                n.groups
+                    .iter()
+                    .any(|g| g.media & !(named | route::GPU_BIT | route::UNKNOWN_BIT) != 0)
+            }) {
+                return None;
+            }
+            let mut touched = vec![false; c.nodes.len()];
+            for n in out {
+                touched[n.member] = true;
+                let node = c.nodes[n.member];
+                let l = &live[node];
+                let loadable = n.any_tokens - n.gpu_tokens;
+                let score = round9(
+                    OVERLAP_W * (n.gpu_tokens as f64 + CPU_W * loadable as f64) / cap - penalty(l),
+                );
+                rows.push(Row {
+                    tier: tier(l, now, plan.stale_after.as_ref()),
+                    score,
+                    gpu: n.gpu_tokens,
+                    loadable,
+                    node,
+                    cohort: c,
+                    member: n.member,
+                    out: Some(n),
+                });
+            }
+            touched_sets.push(touched);
+        }
+    }
+    // A node holding nothing can win only when no live row with a positive score exists (loads are
+    // never negative: the index refuses them; the weights are the defaults).
+    if !rows.iter().any(|r| r.score > 0.0 && r.tier == 0) {
+        let mut best: Option<Row> = None;
+        for (c, touched) in plan.cohorts.iter().zip(&touched_sets) {
+            for (m, &node) in c.nodes.iter().enumerate() {
+                if touched[m] {
+                    continue;
+                }
+                let l = &live[node];
+                let row = Row {
+                    tier: tier(l, now, plan.stale_after.as_ref()),
+                    score: round9(0.0 - penalty(l)),
+                    gpu: 0,
+                    loadable: 0,
+                    node,
+                    cohort: c,
+                    member: m,
+                    out: None,
+                };
+                if best.as_ref().is_none_or(|b| before(&row, b, plan)) {
+                    best = Some(row);
+                }
+            }
+        }
+        rows.extend(best);
+    }
+    rows.sort_by(|a, b| {
+        if before(a, b, plan) {
+            std::cmp::Ordering::Less
+        } else if before(b, a, plan) {
+            std::cmp::Ordering::Greater
+        } else {
+            std::cmp::Ordering::Equal
+        }
+    });
+    // shown: the chosen (first) row, then rows with a hit, the first `top_k` in all
+    let limit = top_k.map(|k| k as usize).unwrap_or(usize::MAX);
+    let mut shown: Vec<&Row> = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        if shown.len() >= limit {
+            break;
+        }
+        if i == 0 || r.gpu > 0 || r.loadable > 0 {
+            shown.push(r);
+        }
+    }
+    let search_s = t_search.elapsed().as_secs_f64();
+    Some(write_answer(
+        plan,
+        live,
+        &shown,
+        &chains,
+        &config_nodes,
+        num_tokens,
+        hashing_s,
+        search_s,
+        now,
+    ))
+}
+
+fn push_f64(out: &mut String, x: f64) {
+    // JSON has no NaN or infinity; the plan's values are finite (loads are checked at ingest)
+    out.push_str(&ryu_like(x));
+}
+
+/// Shortest text that reads back as `x` (what msgspec and Python write, up to exponent style).
+fn ryu_like(x: f64) -> String {
+    if x == x.trunc() && x.abs() < 1e16 {
+        format!("{x:.1}")
+    } else {
+        format!("{x}")
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_answer(
+    plan: &Plan,
+    live: &[Live],
+    shown: &[&Row],
+    chains: &[Option<Vec<u64>>],
+    config_nodes: &[usize],
+    num_tokens: i64,
+    hashing_s: f64,
+    search_s: f64,
+    now: f64,
+) -> Vec<u8> {
+    let mut o = String::with_capacity(1024 + plan.no_signal.len());
+    o.push_str("{\"chosen\":");
+    match shown.first() {
+        Some(r) => push_str_json(&mut o, &plan.nodes[r.node].id),
+        None => o.push_str("null"),
+    }
+    o.push_str(",\"semantics\":\"hma\",\"model\":");
+    o.push_str(&plan.model);
+    o.push_str(",\"num_tokens\":");
+    o.push_str(&num_tokens.to_string());
+    o.push_str(",\"hash_configs\":[");
+    let mut first = true;
+    for (i, cfg) in plan.configs.iter().enumerate() {
+        let Some(chain) = &chains[i] else { continue };
+        if config_nodes[i] == 0 {
+            continue;
+        }
+        if !first {
+            o.push(',');
+        }
+        first = false;
+        o.push_str(&cfg.json_head);
+        o.push_str("\"hash_blocks\":");
+        o.push_str(&chain.len().to_string());
+        o.push_str(",\"hashing_s\":");
+        push_f64(&mut o, (hashing_s * 1e6).round() / 1e6);
+        o.push('}');
+    }
+    o.push_str("],\"nodes\":[");
+    for (i, r) in shown.iter().enumerate() {
+        if i > 0 {
+            o.push(',');
+        }
+        write_row(&mut o, plan, &live[r.node], r, now);
+    }
+    o.push_str("],\"no_signal\":");
+    o.push_str(&plan.no_signal);
+    o.push_str(",\"hashing_s\":");
+    push_f64(&mut o, (hashing_s * 1e6).round() / 1e6);
+    o.push_str(",\"search_s\":");
+    push_f64(&mut o, (search_s * 1e6).round() / 1e6);
+    o.push_str(",\"partial\":false,\"missing_partitions\":[]}");
+    o.into_bytes()
+}
+
+fn write_row(o: &mut String, plan: &Plan, l: &Live, r: &Row, now: f64) {
+    let node = &plan.nodes[r.node];
+    o.push_str(&node.head);
+    o.push_str("\"state\":");
+    match r.tier {
+        2 => {
+            o.push_str("\"suspect\",\"state_reason\":");
+            o.push_str(l.suspect.as_deref().unwrap_or("null"));
+        }
+        1 => {
+            let (_, bound) = plan.stale_after.as_ref().expect("stale tier needs a bound");
+            o.push_str("\"stale\",\"state_reason\":");
+            push_str_json(
+                o,
+                &format!("silent for {:.1} s (bound {bound} s)", now - l.last_seen),
+            );
+        }
+        _ => o.push_str("\"live\",\"state_reason\":null"),
+    }
+    o.push_str(",\"gpu_tokens\":");
+    o.push_str(&r.gpu.to_string());
+    o.push_str(",\"loadable_tokens\":");
+    o.push_str(&r.loadable.to_string());
+    o.push_str(",\"groups\":[");
+    let model = &r.cohort.models[r.cohort.members.models[r.member] as usize];
+    for (k, head) in model.group_heads.iter().enumerate() {
+        if k > 0 {
+            o.push(',');
+        }
+        o.push_str(head);
+        let (gpu_blocks, blocks, media) = match &r.out {
+            Some(n) => (
+                n.groups[k].gpu_blocks,
+                n.groups[k].blocks,
+                n.groups[k].media,
+            ),
+            None => (0, 0, 0),
+        };
+        o.push_str("\"gpu_blocks\":");
+        o.push_str(&gpu_blocks.to_string());
+        o.push_str(",\"blocks\":");
+        o.push_str(&blocks.to_string());
+        o.push_str(",\"medium\":");
+        push_str_json(o, &media_names(plan, media));
+        o.push('}');
+    }
+    o.push_str("],\"exact\":true,\"reason\":null,\"score\":");
+    push_f64(o, r.score);
+    o.push_str(",\"speculative\":false,\"load\":{");
+    let mut parts: Vec<String> = Vec::new();
+    if l.running != 0 {
+        parts.push(format!("\"running\":{}", l.running));
+    }
+    if l.waiting != 0 {
+        parts.push(format!("\"waiting\":{}", l.waiting));
+    }
+    if l.kv_usage != 0.0 {
+        parts.push(format!("\"kv_usage\":{}", ryu_like(l.kv_usage)));
+    }
+    o.push_str(&parts.join(","));
+    o.push_str("}}");
+}
+
+/// `processors/slots.py: NativeStore.media_names`: GPU first, then the others by name, "?" for
+/// blocks on no medium known, "none" for none.
+fn media_names(plan: &Plan, mask: u64) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    if mask & route::GPU_BIT != 0 {
+        names.push("GPU");
+    }
+    if mask & route::UNKNOWN_BIT != 0 {
+        names.push("?");
+    }
+    for (i, m) in plan.media.iter().enumerate() {
+        if (i as u32) < route::MEDIA_BITS && mask >> i & 1 == 1 {
+            names.push(m);
+        }
+    }
+    names.sort_by(|a, b| (*a != "GPU", *a).cmp(&(*b != "GPU", *b)));
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join("+")
+    }
+}
+
+fn push_str_json(o: &mut String, s: &str) {
+    o.push_str(&serde_json::to_string(s).expect("a str always encodes"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round9_matches_python() {
+        // values from Python's round(x, 9)
+        assert_eq!(round9(0.1234567894999), 0.123456789);
+        assert_eq!(round9(-0.02), -0.02);
+        assert_eq!(round9(1.0000000005), 1.000000001);
+        assert_eq!(round9(0.0), 0.0);
+    }
+
+    #[test]
+    fn floats_read_back() {
+        for x in [0.0, -0.0, 1.0, 0.5, 1e-7, 123456.789, -0.045, 1e20] {
+            assert_eq!(ryu_like(x).parse::<f64>().unwrap(), x);
+        }
+    }
+}

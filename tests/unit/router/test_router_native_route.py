@@ -1,0 +1,134 @@
+"""The native route decision (native/src/decide.rs, fed by processors/router/native.py) answers exactly as the Python
+path (`decide.route` with the index's loads), and hands every request it does not model back to Python.
+
+Seeded fleets with hybrid caches on GPU and CPU, loads (some nodes loaded enough that an empty node wins), suspect
+and stale nodes, cached and uncached prompts, `top_k` 1, 2, 5 and none. Only the timing fields differ.
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import msgspec
+import pytest
+
+from kvpipe.bench import route as bench
+from kvpipe.processors.router import native
+from kvpipe.processors.router.decide import route
+from kvpipe.processors.router.hits import HitSearch
+from kvpipe.processors.router.inflight import InFlight
+from kvpipe.processors.router.model import RouteRequest
+from kvpipe.processors.routeapi import NodeLoads
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="the native extension is not built")
+
+STALE = 15.0
+
+
+def _plain(answer: bytes) -> dict:
+    """An answer without its timings (they differ run to run)."""
+    d = json.loads(answer)
+    d.pop("hashing_s"), d.pop("search_s")
+    d["hash_configs"] = [{k: v for k, v in h.items() if k != "hashing_s"} for h in d["hash_configs"]]
+    return d
+
+
+def _python(index, body: RouteRequest) -> dict:
+    answer = route(index, body, loads=NodeLoads(index), now=time.time(), stale_after_s=STALE,
+                   search=HitSearch("native"))
+    return _plain(msgspec.json.encode(answer))
+
+
+def _fleet(seed: int, configs: int = 1):
+    rng = random.Random(seed)
+    index, docs = bench.build(24, 6, 512, 2, configs, rng, windows=1 + seed % 3 // 2)
+    nodes = sorted(index.nodes)
+    now = time.time()
+    for n in nodes:
+        index.nodes[n].last_seen = now  # live, except the stale ones below
+    for n in rng.sample(nodes, 3):
+        index.nodes[n].mark_suspect(f"test: suspect {n}")
+    for n in rng.sample(nodes, 2):
+        index.nodes[n].last_seen = now - 100.02  # far past the bound: "silent for 100.0 s"
+    loaded = rng.sample(nodes, 12) if seed % 2 else nodes[:-3]  # seed odd: some loads; even: an empty node wins
+    for n in loaded:
+        index.nodes[n].load = (rng.randint(0, 40), rng.randint(0, 40), rng.random()) if seed % 2 else (30, 30, 0.9)
+    return rng, index, docs
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_native_answers_equal_the_python_path(seed):
+    rng, index, docs = _fleet(seed)
+    path = native.NativeRoute(index, HitSearch("native"), STALE)
+    path.refresh(None)
+    assert path.router.ready, path.why_not
+    uncached = [[rng.randrange(50_000, 60_000) for _ in range(300)] for _ in range(3)]
+    checked = 0
+    for tokens in bench.prompts(docs, 10, rng) + uncached + [[1], [7] * 16]:
+        for top_k in (None, 1, 2, 5):
+            req = RouteRequest(token_ids=tokens, top_k=top_k)
+            got = path.answer(msgspec.json.encode(req))
+            assert got is not None, (seed, top_k)
+            assert _plain(got) == _python(index, req), (seed, top_k, len(tokens))
+            checked += 1
+    assert checked == 4 * 15
+
+
+def test_requests_it_does_not_model_go_to_python():
+    rng, index, docs = _fleet(1)
+    path = native.NativeRoute(index, HitSearch("native"), STALE)
+    path.refresh(None)
+    tokens = bench.prompts(docs, 1, rng)[0]
+    assert path.answer(msgspec.json.encode(RouteRequest(token_ids=tokens))) is not None
+    for other in (RouteRequest(token_ids=tokens, include_zero=True), RouteRequest(token_ids=tokens, model="m"),
+                  RouteRequest(token_ids=tokens, request_id="r1"), RouteRequest(token_ids=tokens, semantics="prefix-per-group"),
+                  RouteRequest(block_hashes={0: [1, 2]}, num_tokens=32), RouteRequest(token_ids=tokens, top_k=0),
+                  RouteRequest(token_ids=[])):
+        assert path.answer(msgspec.json.encode(other)) is None, other
+    for raw in (b"not json", b'{"token_ids": [1.5]}', b'{"token_ids": [1], "top_k": 1, "x": 2}', b"[]",
+                b'{"token_ids": [18446744073709551616]}'):
+        assert path.answer(raw) is None, raw
+
+
+def test_a_moved_index_or_inflight_guesses_close_the_native_path_until_refreshed():
+    rng, index, docs = _fleet(2)
+    path = native.NativeRoute(index, HitSearch("native"), STALE)
+    path.refresh(None)
+    body = msgspec.json.encode(RouteRequest(token_ids=bench.prompts(docs, 1, rng)[0], top_k=1))
+    assert path.answer(body) is not None
+    index._move()  # what a node coming, going or changing epoch does
+    assert path.answer(body) is None  # told at once: Python answers until the plan is re-exported
+    path.refresh(None)
+    assert path.answer(body) is not None and _plain(path.answer(body)) == _python(index, RouteRequest(
+        token_ids=json.loads(body)["token_ids"], top_k=1))
+    inflight = InFlight(30.0, 100, 10_000)
+    some = next(iter(index.nodes.values()))
+    inflight.sent("r1", some.node_id, {0: [1, 2, 3]}, time.time())
+    path.refresh(inflight)
+    assert path.answer(body) is None and "in-flight" in path.open_reason
+    path.serves_all = lambda: False
+    path.refresh(None)
+    assert path.answer(body) is None and "partition" in path.open_reason
+
+
+def test_loads_and_suspect_marks_reach_it_on_refresh():
+    rng, index, docs = _fleet(3)
+    path = native.NativeRoute(index, HitSearch("native"), STALE)
+    path.refresh(None)
+    tokens = bench.prompts(docs, 1, rng)[0]
+    req = RouteRequest(token_ids=tokens, top_k=1)
+    before = json.loads(path.answer(msgspec.json.encode(req)))
+    chosen = before["chosen"]
+    index.nodes[chosen].mark_suspect("test: marked after the plan")
+    path.refresh(None)
+    after = _plain(path.answer(msgspec.json.encode(req)))
+    assert after == _python(index, req) and after["chosen"] != chosen
+
+
+def test_a_hash_configuration_hashed_in_python_keeps_the_path_closed():
+    rng, index, docs = _fleet(0, configs=2)  # the second configuration is sha256_cbor
+    path = native.NativeRoute(index, HitSearch("native"), STALE)
+    path.refresh(None)
+    assert not path.router.ready and "sha256_cbor" in path.open_reason
+    assert path.answer(msgspec.json.encode(RouteRequest(token_ids=bench.prompts(docs, 1, rng)[0]))) is None
