@@ -153,11 +153,7 @@ fn find_full(
         0
     };
     let limit = count(fdiv(max_length, bs), n_blocks);
-    let mut found = if k == 1 {
-        held.ones_up(0, limit)
-    } else {
-        0
-    };
+    let mut found = if k == 1 { held.ones_up(0, limit) } else { 0 };
     while found < limit && held.has(found * k + k - 1) {
         found += 1;
     }

@@ -174,4 +174,3 @@ fn bitset(obj: &Bound<'_, PyAny>, len: usize) -> PyResult<Vec<u64>> {
     }
     Ok(w)
 }
-
