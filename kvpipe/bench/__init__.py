@@ -34,6 +34,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "offload": ("kvpipe.bench.offload:run", "batched block copies GB/s vs one contiguous copy"),
     "manager": ("kvpipe.bench.manager:run", "scheduler steps/s and events/s of the hybrid manager"),
     "route": ("kvpipe.bench.route_http:run", "token-id /route in process and over HTTP: hashing, search, p50/p99"),
+    "route-load": ("kvpipe.bench.route_load:run", "/route decisions/s, p50/p99 under wrk load, with and without ingest"),
     "fuzz": ("kvpipe.bench.fuzz:run", "hostile inputs/s through ingest: outcomes by reason, crashes, RSS growth"),
     "faults": ("kvpipe.bench.faults:run", "broker outage, processor kill/pause, cluster leader kill: events lost, stalls"),
 }
