@@ -22,6 +22,8 @@ import time
 import tracemalloc
 from typing import Any
 
+import msgspec
+
 from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
 from kvpipe.gpu.hit import ViewCache, sliding_blocks_needed
 from kvpipe.processors import slots
@@ -37,6 +39,8 @@ from kvpipe.processors.router.hashing import PromptHasher
 from kvpipe.processors.router.plan import plan
 from kvpipe.processors.router.hits import HitSearch, native_available
 from kvpipe.processors.router.model import RouteAnswer, RouteRequest
+from kvpipe.processors.router.native import NativeRoute
+from kvpipe.processors.router.native import available as native_route_available
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
 from kvpipe.schemas.events import BlockStored
 
@@ -189,6 +193,13 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     cohort_calls: list[float] = []  # the native cohort call(s) alone: every node's hits, nothing else
     decision: dict[str, list[float]] = {"search": [], "total": []}
     hits = []
+    # the native route decision (native/src/decide.rs): the route server's whole answer from the request's
+    # bytes (JSON read, hashing, search, ranking, JSON written), checked equal to the Python path's
+    path = NativeRoute(index, searches["native"], None) if "native" in searches and native_route_available() else None
+    if path is not None:
+        path.refresh(None)
+    native_times: dict[str, list[float]] = {"decision": [], "full": [], "decision_search": []}
+    native_checked = 0
     for r, tokens in enumerate(prompts(docs, requests, rng)):
         decided = {}
         for e in engines if r % 2 == 0 else engines[::-1]:
@@ -211,6 +222,18 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
         decision["search"].append(one.search_s)
         if one.chosen != first.chosen or one.nodes != first.nodes[:1]:
             raise RuntimeError(f"request {r}: top_k 1 chose differently from the full answer")
+        if path is not None and path.router.ready:
+            for name, req, want in (("decision", RouteRequest(token_ids=tokens, top_k=1), one),
+                                    ("full", RouteRequest(token_ids=tokens), first)):
+                body = _ENCODE(req)
+                t = time.perf_counter()
+                got = path.answer(body)
+                native_times[name].append(time.perf_counter() - t)
+                if got is None or _plain(got) != _plain(_ENCODE(want)):
+                    raise RuntimeError(f"request {r}: the native {name} differs from the Python path's")
+                if name == "decision":
+                    native_times["decision_search"].append(_DECODE(got)["search_s"])
+            native_checked += 1
         if "native" in searches:
             req = RouteRequest(token_ids=tokens)
             cohorts = token_cohorts(plan(index, None), PromptHasher(tokens), [])
@@ -275,4 +298,31 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
                 d["p50_us"] / max(out["native_cohort_call"]["p50_us"], 0.1), 4)
     else:
         out["dynamo_radix_tree"] = {"missing": DYNAMO_MISSING if dynamo else "skipped (--no-dynamo)"}
+    if native_checked:
+        out["native_route"] = {"answers_checked": native_checked,
+                               "decision_top_k_1": summary(native_times["decision"]),
+                               "full_answer": summary(native_times["full"]),
+                               "decision_search_part": summary(native_times["decision_search"]),
+                               "what": "the route server's answer from the request bytes: JSON read, hashing, "
+                                       "search, ranking, JSON written"}
+        if tree is not None:
+            d = out["dynamo_radix_tree"]["find_matches"]["p50_us"]
+            out["dynamo_radix_tree"]["ratio_dynamo_p50_over_native_decision_p50"] = round(
+                d / max(out["native_route"]["decision_top_k_1"]["p50_us"], 0.1), 4)
+            out["dynamo_radix_tree"]["ratio_dynamo_p50_over_native_full_answer_p50"] = round(
+                d / max(out["native_route"]["full_answer"]["p50_us"], 0.1), 4)
+    else:
+        out["native_route"] = {"missing": "the native route path is not built or not open for this fleet"}
     return out
+
+
+_ENCODE = msgspec.json.encode
+_DECODE = msgspec.json.decode
+
+
+def _plain(answer: bytes) -> dict:
+    """An answer without its timings (they differ run to run)."""
+    d = _DECODE(answer)
+    d.pop("hashing_s"), d.pop("search_s")
+    d["hash_configs"] = [{k: v for k, v in h.items() if k != "hashing_s"} for h in d["hash_configs"]]
+    return d
