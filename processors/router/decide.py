@@ -55,6 +55,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
+from kvpipe.gpu.hit import ViewCache
 from kvpipe.processors.index import Index, NodeState
 from kvpipe.processors.route_hma import NodeModel, at_units, held_positions
 from kvpipe.processors.router.hashing import PromptHasher, layout_mismatch
@@ -115,6 +116,9 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
     if hasher is not None:
         no_signal.extend(planned.config_problems)
         cohorts = token_cohorts(planned, hasher, no_signal)
+    elif checked.unit_hashes is not None:
+        no_signal.extend(planned.config_problems)
+        cohorts = unit_cohorts(planned, checked, no_signal)
     else:
         cohorts = _hash_cohorts(planned, checked, no_signal)
     t_search = time.perf_counter()
@@ -243,7 +247,7 @@ def _shape(planned: Plan, cache: dict[int, Zero], node: NodeState, model: NodeMo
     z = cache.get(id(model))
     if z is None:
         key = (id(model), tuple((g, len(lists[g])) for g in model.groups if g in lists), num_tokens,
-               req.token_ids is None, req.semantics)
+               _form(req), req.semantics)
         z = planned.zeros.get(key)  # type: ignore[assignment]
         if z is None:
             if len(planned.zeros) >= _ZEROS_MAX:
@@ -306,10 +310,11 @@ def finish(answers: Sequence[RouteAnswer], req: RouteRequest, *, inflight: InFli
     scoring = req.scoring or Scoring()
     rows = sorted((r for a in answers for r in a.nodes), key=_rank)
     no_signal = sorted((n for a in answers for n in a.no_signal), key=lambda n: n.node_id)
-    if checked.hash_lists is not None and not rows:
+    if checked.token_ids is None and not rows:
         misfit = next((n for n in no_signal if n.cause == "lists"), None)
         if misfit is not None:
-            raise RouteError(400, "block hashes do not fit the groups", misfit.reason)
+            raise RouteError(400, "block hashes do not fit the groups" if checked.hash_lists is not None else
+                             "unit hashes do not fit the nodes' hash units", misfit.reason)
     chosen = _choose(rows, scoring, req.request_id)
     if chosen is not None and req.request_id is not None and inflight is not None and index is not None:
         record_sent(index, inflight, req.request_id, chosen, checked, time.time() if now is None else now)
@@ -352,6 +357,12 @@ def record_sent(index: Index, inflight: InFlight, request_id: str, node_id: str,
         if isinstance(hashes, str):
             return hashes
         lists: Lists = hashes.lists(specs)
+    elif checked.unit_hashes is not None:
+        cfg = node.hash_config
+        if cfg is None or cfg.hash_block_size != checked.unit:
+            return f"node {node_id!r} does not hash in units of {checked.unit} tokens"
+        views = ViewCache(checked.unit_hashes, checked.unit)
+        lists = {gs.group_idx: views.at(gs.block_size) for gs in specs}  # type: ignore[misc]
     else:
         given = checked.hash_lists
         assert given is not None
@@ -405,6 +416,35 @@ def token_cohorts(planned: Plan, hasher: PromptHasher, no_signal: list[NoSignal]
                 lists[g] = hashes.views.at(cfg.hash_block_size)  # type: ignore[assignment]
             cohorts[key] = (lists, cohort.members)
     return cohorts
+
+
+def unit_cohorts(planned: Plan, checked: Checked, no_signal: list[NoSignal]) -> Cohorts:
+    """The plan's cohorts with the request's hash-unit chain: each group's list is the chain's view at its block
+    size, as with token ids (a group searched at the unit takes the chain itself), for nodes hashing in units of
+    the chain's size; the others are no signal (cause "lists")."""
+    units, unit = checked.unit_hashes, checked.unit
+    assert units is not None and unit is not None
+    views = ViewCache(units, unit)
+    cohorts: Cohorts = {}
+    for per in planned.by_config.values():
+        cfg = per.config
+        if cfg.hash_block_size != unit:
+            why = (f"unit_hashes are per {unit} tokens; this node hashes per {cfg.hash_block_size} "
+                   f"({label(cfg)})")
+            for cohort in per.cohorts.values():
+                no_signal.extend(NoSignal(node.node_id, why, "lists") for node, _ in cohort.members)
+            continue
+        for key, cohort in per.cohorts.items():
+            lists: Lists = {gs.group_idx: views.at(gs.block_size) for gs in cohort.specs}  # type: ignore[misc]
+            for g in cohort.fine:
+                lists[g] = views.at(unit)  # type: ignore[assignment]
+            cohorts[key] = (lists, cohort.members)
+    return cohorts
+
+
+def _form(req: RouteRequest) -> str:
+    """Which prompt form a request uses (the zero shapes differ: block lists cannot probe inside blocks)."""
+    return "tokens" if req.token_ids is not None else "units" if req.unit_hashes is not None else "blocks"
 
 
 def _hash_cohorts(planned: Plan, checked: Checked, no_signal: list[NoSignal]) -> Cohorts:

@@ -52,7 +52,11 @@ class RouteRequest(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unkn
     token_ids: list[int] | None = None
     # group index → that group's block hashes, at that group's own block size
     block_hashes: dict[int, list[HashValue]] | None = None
-    num_tokens: int | None = None  # required length check for block_hashes; with token_ids: len(token_ids)
+    # the prompt's hash-unit chain: one hash per `hash_block_size` tokens, the chain vLLM derives every group's block
+    # hashes from (its request's block hashes); with num_tokens, partial hits are exact as with token_ids
+    unit_hashes: list[HashValue] | None = None
+    hash_block_size: int | None = None  # tokens per hash unit of unit_hashes
+    num_tokens: int | None = None  # required with block_hashes and unit_hashes; with token_ids: len(token_ids)
     model: str | None = None  # only nodes serving this model can have a signal
     lora_name: str | None = None  # with lora_path: vLLM keys LoRA blocks by ("lora", name, path)
     lora_path: str | None = None

@@ -25,18 +25,24 @@ MAX_HASHES = 100_000
 
 @dataclass(frozen=True, slots=True)
 class Checked:
-    """A checked request: exactly one of `token_ids` / `hash_lists`."""
+    """A checked request: exactly one of `token_ids` / `hash_lists` / `unit_hashes`."""
 
     token_ids: list[int] | None
     hash_lists: dict[int, list[ExternalHash]] | None
     num_tokens: int | None  # len(token_ids) on the token path
     keys: RequestKeys | None  # extra hash keys (token path only)
+    unit_hashes: list[ExternalHash] | None = None  # the hash-unit chain (unit path), `unit` tokens per hash
+    unit: int | None = None
 
 
 def check_request(req: RouteRequest) -> Checked:
-    if (req.token_ids is None) == (req.block_hashes is None):
-        raise RouteError(400, "bad route request", "send exactly one of token_ids (the prompt) or block_hashes "
-                                                   '({"<group_idx>": [hashes at that group\'s block size]})')
+    if (req.token_ids is not None) + (req.block_hashes is not None) + (req.unit_hashes is not None) != 1:
+        raise RouteError(400, "bad route request", "send exactly one of token_ids (the prompt), unit_hashes (its "
+                                                   "hash-unit chain, with hash_block_size and num_tokens) or "
+                                                   'block_hashes ({"<group_idx>": [hashes at that group\'s block '
+                                                   "size]})")
+    if req.hash_block_size is not None and req.unit_hashes is None:
+        raise RouteError(400, "bad route request", "hash_block_size goes with unit_hashes")
     if req.num_tokens is not None and req.num_tokens < 1:
         raise RouteError(400, "bad num_tokens", f"num_tokens {req.num_tokens}; expected an integer >= 1")
     if req.top_k is not None and req.top_k < 1:
@@ -55,7 +61,10 @@ def check_request(req: RouteRequest) -> Checked:
     extra = [name for name in ("lora_name", "cache_salt", "mm_features") if getattr(req, name)]
     if extra:
         raise RouteError(400, "bad route request", f"{', '.join(extra)} enter token-id hashing only; with "
-                                                   "block_hashes they are already in the hashes")
+                                                   f"{'unit_hashes' if req.unit_hashes is not None else 'block_hashes'}"
+                                                   " they are already in the hashes")
+    if req.unit_hashes is not None:
+        return _check_units(req)
     lists: dict[int, list[ExternalHash]] = {}
     assert req.block_hashes is not None
     if not req.block_hashes:
@@ -89,10 +98,27 @@ def _check_tokens(req: RouteRequest) -> Checked:
     return Checked(list(tokens), None, len(tokens), None if keys.empty else keys)
 
 
-def _parse_hash(value: int | str, group: int, i: int) -> ExternalHash:
+def _check_units(req: RouteRequest) -> Checked:
+    units, unit, n = req.unit_hashes, req.hash_block_size, req.num_tokens
+    assert units is not None
+    if unit is None or unit < 1:
+        raise RouteError(400, "bad hash_block_size", f"hash_block_size {unit}: unit_hashes need the tokens per "
+                                                     "hash unit (the nodes' hash_block_size), an integer >= 1")
+    if n is None:
+        raise RouteError(400, "bad num_tokens", "unit_hashes need num_tokens: the hit is capped at num_tokens - 1 "
+                                                "and a partial unit is only known from it")
+    if len(units) > MAX_HASHES:
+        raise RouteError(413, "too many unit hashes", f"{len(units)} unit hashes; the limit is {MAX_HASHES}")
+    if len(units) != n // unit:
+        raise RouteError(400, "bad unit_hashes", f"{len(units)} unit hashes, expected {n // unit} (num_tokens {n} // "
+                                                 f"hash_block_size {unit}: one hash per full hash unit)")
+    return Checked(None, None, n, None, [_parse_hash(v, "units", i) for i, v in enumerate(units)], unit)
+
+
+def _parse_hash(value: int | str, group: int | str, i: int) -> ExternalHash:
     if isinstance(value, int):
         if not 0 <= value < 1 << 64:
-            raise RouteError(400, "bad block hash", f"block_hashes[{group}][{i}] = {value}: an int hash is "
+            raise RouteError(400, "bad block hash", f"{_where(group)}[{i}] = {value}: an int hash is "
                                                     "vLLM's external form, 0 <= h < 2**64")
         return value
     if value[:2].lower() == "0x":
@@ -100,8 +126,12 @@ def _parse_hash(value: int | str, group: int, i: int) -> ExternalHash:
             return bytes.fromhex(value[2:])
         except ValueError:
             pass
-    raise RouteError(400, "bad block hash", f"block_hashes[{group}][{i}] = {value!r}: expected an int or a "
+    raise RouteError(400, "bad block hash", f"{_where(group)}[{i}] = {value!r}: expected an int or a "
                                             '"0x..." hex string')
+
+
+def _where(group: int | str) -> str:
+    return "unit_hashes" if group == "units" else f"block_hashes[{group}]"
 
 
 def check_group_lists(lists: Mapping[int, Sequence[ExternalHash]], block_sizes: Mapping[int, int],

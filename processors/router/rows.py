@@ -118,7 +118,8 @@ def prepare(node: NodeState, model: NodeModel, lists: Lists, held: Held, num_tok
         state, exact = "partial", False
         state_reason = reason = (f"groups {left_out} not in the request and no requested group has their block "
                                  f"size: hit over groups {groups} only (an upper bound)")
-    if model.partial_hits and req.token_ids is None and any(model.searched_at_unit(g) for g in groups):
+    if (model.partial_hits and req.token_ids is None and req.unit_hashes is None
+            and any(model.searched_at_unit(g) for g in groups)):
         exact = False
         reason = "; ".join(filter(None, [reason, "block-level hash lists: partial entries inside blocks not probed "
                                                  "(send token_ids for the exact fine-grained hit)"]))

@@ -223,3 +223,65 @@ def test_prefix_per_group_counts_whole_blocks_on_a_partial_node() -> None:
     (row,) = route(index, RouteRequest(token_ids=tokens, semantics="prefix-per-group"), now=100.0).nodes
     assert row.gpu_tokens == 624
     assert [g.prefix_blocks for g in row.groups] == [{"GPU": 9, "any": 9}, {"GPU": 0, "any": 0}]
+
+
+def test_the_hash_unit_chain_routes_as_token_ids_do_partial_entries_included() -> None:
+    """A router that hashes itself sends the prompt's hash-unit chain (`unit_hashes`): every group's list is a view
+    of it and groups searched at the unit get the chain itself, so partial entries count exactly, as with token
+    ids, where per-group block lists can only give a lower bound."""
+    rng = random.Random(11)
+    checked = partial = 0
+    for name, (specs, cfg) in LAYOUTS.items():
+        for trial in range(10):
+            tokens = [rng.randrange(30_000) for _ in range(rng.randint(40, 1700))]
+            u = fine(cfg, tokens)
+            unit = cfg.hash_block_size
+            index = Index()
+            events = []
+            for gs in specs:
+                k = gs.block_size // unit
+                cut = rng.randint(0, len(u))
+                ends = [j for j in range(len(u)) if (j + 1) % k == 0 and j < cut and rng.random() < 0.9]
+                inner = [j for j in range(len(u)) if (j + 1) % k and rng.random() < 0.15]
+                if ends:
+                    events.append(stored([u[j] for j in ends], gs.group_idx, gs.block_size))
+                events += [stored([u[j]], gs.group_idx, unit) for j in inner]
+            Publisher(index, "n", specs, cfg).send(events)
+            by_tokens = route(index, RouteRequest(token_ids=tokens, include_zero=True), now=100.0)
+            by_units = route(index, RouteRequest(unit_hashes=u, hash_block_size=unit, num_tokens=len(tokens),
+                                                 include_zero=True), now=100.0)
+            assert by_units.nodes == by_tokens.nodes and by_units.chosen == by_tokens.chosen, (name, trial)
+            assert by_units.nodes[0].exact and by_units.hash_configs == []
+            checked += 1
+            row = by_tokens.nodes[0]
+            partial += row.gpu_tokens % max(gs.block_size for gs in specs) != 0
+    assert checked == 10 * len(LAYOUTS) and partial > 3, partial
+
+
+def test_unit_hashes_are_checked_and_other_units_are_no_signal() -> None:
+    from kvpipe.processors.router.model import RouteError
+
+    specs = kimi_like()
+    tokens = list(range(1000))
+    u = fine(UNIT16, tokens)
+    index = Index()
+    Publisher(index, "kimi", specs, UNIT16).send([stored([u[3]], 0, 64)])
+    for bad, says in ((RouteRequest(unit_hashes=u, num_tokens=1000), "hash_block_size"),
+                      (RouteRequest(unit_hashes=u, hash_block_size=16), "num_tokens"),
+                      (RouteRequest(unit_hashes=u[:-1], hash_block_size=16, num_tokens=1000), "expected 62"),
+                      (RouteRequest(unit_hashes=u, hash_block_size=16, num_tokens=1000, token_ids=tokens), "exactly one"),
+                      (RouteRequest(token_ids=tokens, hash_block_size=16), "goes with unit_hashes")):
+        try:
+            route(index, bad, now=100.0)
+        except RouteError as exc:
+            assert exc.status == 400 and says in f"{exc.error} {exc.detail}", (bad, exc)
+        else:
+            raise AssertionError(f"accepted {bad}")
+    # a chain at 32 tokens per unit fits no node hashing per 16: a 400 naming why
+    u32 = fine(HashConfig(algorithm="sha256", hash_block_size=32), tokens)
+    try:
+        route(index, RouteRequest(unit_hashes=u32, hash_block_size=32, num_tokens=1000), now=100.0)
+    except RouteError as exc:
+        assert exc.status == 400 and "per 16" in (exc.detail or "")
+    else:
+        raise AssertionError("a chain of another unit was accepted")
