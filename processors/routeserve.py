@@ -51,7 +51,7 @@ class Serving:
         self.server = self.route.router.serve(settings.web_host, settings.route_port, threads,
                                               settings.api_token_value() or None, settings.http_max_body_bytes,
                                               settings.http_read_timeout_s, settings.web_port,
-                                              settings.route_reuse_port)
+                                              settings.route_reuse_port, settings.route_nice)
         log.info("kvpipe: native route server on %s:%s (%d threads; other requests go to port %s)",
                  settings.web_host, self.server.port, threads, settings.web_port)
 

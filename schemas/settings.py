@@ -132,6 +132,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     route_port: int = 0
     route_threads: int = 0  # 0: one per core this process may run on
     route_reuse_port: bool = False  # SO_REUSEPORT: router replicas on one host share route_port
+    route_nice: int = 5  # niceness of its threads: on busy cores ingest (nice 0) runs before queries
     route_refresh_s: float = 0.005  # how often the nodes' live state (load, suspect, last seen) reaches it
     # the hit search: "native" (native/, built by infra/scripts/venv.sh; the Python one when it is not
     # importable) or "python" (gpu/hit.py, the reference): equal answers, the native one is faster

@@ -39,6 +39,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+import zlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -46,7 +47,12 @@ from typing import Any, Callable
 import click
 import msgspec
 
+from kvpipe.bench import route as bench
+from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
 from kvpipe.schemas.cliopts import Command, run as run_command
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
+from kvpipe.schemas.events import BlockStored
 
 DEFAULT_CONNECTIONS = (1, 8, 32, 128)
 VALUE_CONNECTIONS = 32  # `value` is the rate at this count without ingest
@@ -356,8 +362,10 @@ class ProbeSeries:
     phase gets a fresh client (none lives across the paced publisher's fork) that continues the
     node's seqs; a probe not routable within PROBE_TIMEOUT_S fails the run."""
 
-    def __init__(self, kafka_conf: dict, topic: str, proc: Any, node: str = "bench-probe") -> None:
+    def __init__(self, kafka_conf: dict, topic: str, proc: Any, node: str = "bench-probe",
+                 route_url: str | None = None) -> None:
         self.kafka_conf, self.topic, self.proc, self.node = kafka_conf, topic, proc, node
+        self.route_url = route_url  # the native route server: probes ask it with token ids, as routers do
         self.seq = 0
         self.current: Any = None
 
@@ -379,7 +387,10 @@ class ProbeSeries:
         from kvpipe.bench.ingest_load import Probes
 
         self.close()
-        self.current = Probes(self.kafka_conf, self.topic, self._routable(), self.node)
+        if self.route_url is not None:
+            self.current = TokenProbes(self.kafka_conf, self.topic, self.route_url, self.proc.headers, self.node)
+        else:
+            self.current = Probes(self.kafka_conf, self.topic, self._routable(), self.node)
         self.current.seq = self.seq
         return self.current
 
@@ -388,6 +399,59 @@ class ProbeSeries:
             self.seq = self.current.seq  # taken before the probe is sent: a failed probe's seq is not reused
             self.current.close()
             self.current = None
+
+
+class TokenProbes:
+    """Probes for the native route server, which answers token ids: each probe stores the block of 16 fresh
+    tokens (hashed as the fleet's nodes hash) on a probe node that publishes its specs, then asks the route port
+    with those tokens until the probe node is chosen with that block on GPU."""
+
+    CONFIG = bench.CONFIGS[0]
+    SPECS = [GroupSpec(group_idx=0, kind="full_attention", block_size=16)]
+
+    def __init__(self, kafka_conf: dict, topic: str, url: str, headers: dict, node: str) -> None:
+        import http.client
+        from urllib.parse import urlsplit
+
+        from confluent_kafka import Producer
+
+        self.producer = Producer({**kafka_conf, "linger.ms": 0, "acks": "all"})
+        self.topic, self.node, self.seq = topic, node, 0
+        parts = urlsplit(url)
+        self.path, self.headers = parts.path, {"Content-Type": "application/json", **headers}
+        self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=PROBE_TIMEOUT_S)
+        self.hasher = hasher_from_config(self.CONFIG)
+
+    def once(self, poll_pause_s: float = 0.0005) -> float:
+        tokens = [900_000 + self.seq % 1000, *(zlib.crc32(f"{self.node}/{self.seq}/{i}".encode()) % 150_000
+                                               for i in range(15))]
+        (digest,) = hash_request_blocks(self.hasher, tokens, 16)
+        h = external_hash(digest, self.CONFIG.int_hashes)
+        ts = time.time()
+        events = [BlockStored(block_hashes=[h], parent_block_hash=None, token_ids=[], block_size=16, lora_id=None,
+                              medium="GPU", lora_name=None, group_idx=0)]
+        env = Envelope(v=SCHEMA_MAJOR, node_id=self.node, epoch=1, seq=self.seq, ts=ts, sent_ts=ts, num_events=1,
+                       group_specs=self.SPECS, hash_config=self.CONFIG,
+                       batch=msgspec.Raw(encode_vllm_batch(events, ts)))
+        self.seq += 1
+        body = msgspec.json.encode({"token_ids": [*tokens, 1], "top_k": 1})
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        started = time.perf_counter()
+        self.producer.produce(self.topic, value=encode_envelope(env), key=self.node.encode(), headers=KAFKA_HEADERS)
+        self.producer.flush(30)
+        while True:
+            self.conn.request("POST", self.path, body=body, headers=self.headers)
+            answer = msgspec.json.decode(self.conn.getresponse().read())
+            rows = answer.get("nodes") or []
+            if answer.get("chosen") == self.node and rows and rows[0].get("gpu_tokens", 0) >= 16:
+                return (time.perf_counter() - started) * 1000
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"probe {self.seq - 1} of {self.node} not routable after {PROBE_TIMEOUT_S} s")
+            time.sleep(poll_pause_s)
+
+    def close(self) -> None:
+        self.producer.flush(30)
+        self.conn.close()
 
 
 def _proc_cpu(pid: int) -> float:
@@ -704,7 +768,7 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
         rig = _Rig(args, proc, topic, kafka_conf, tmp, token, url)
         rig.script.write_text(lua_script(str(tmp / "bodies.jsonl")))
         _warm(rig)
-        probes = ProbeSeries(kafka_conf, topic, proc)
+        probes = ProbeSeries(kafka_conf, topic, proc, route_url=url if route_port else None)
         try:
             idle_probes = probes.open()
             idle = summary([idle_probes.once() for _ in range(args.probes)])

@@ -163,7 +163,8 @@ impl NativeRouter {
     /// Start the route server on this router: `POST /route` answered here when it can be, everything
     /// else forwarded to the Python app at `upstream_port` on loopback.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (host, port, threads, token, max_body_bytes, read_timeout_s, upstream_port, reuse_port=false))]
+    #[pyo3(signature = (host, port, threads, token, max_body_bytes, read_timeout_s, upstream_port, reuse_port=false,
+                        nice=0))]
     fn serve(
         &self,
         host: String,
@@ -174,6 +175,7 @@ impl NativeRouter {
         read_timeout_s: f64,
         upstream_port: Option<u16>,
         reuse_port: bool,
+        nice: i32,
     ) -> PyResult<RouteServer> {
         let cfg = serve::ServerConfig {
             host,
@@ -184,6 +186,7 @@ impl NativeRouter {
             read_timeout: std::time::Duration::from_secs_f64(read_timeout_s.max(0.001)),
             upstream: upstream_port.map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p))),
             reuse_port,
+            nice,
         };
         RouteServer::launch(cfg, self.inner.clone())
     }

@@ -194,6 +194,7 @@ pub(crate) fn serve_static(
         read_timeout: seconds(read_timeout_s, "read_timeout_s")?,
         upstream: upstream_port.map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p))),
         reuse_port,
+        nice: 0,
     };
     let decider = StaticDecider {
         answer: answer_json.as_bytes().to_vec(),

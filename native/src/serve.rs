@@ -73,6 +73,21 @@ pub struct ServerConfig {
     pub upstream: Option<SocketAddr>,
     /// SO_REUSEPORT, so that several processes can accept on one port.
     pub reuse_port: bool,
+    /// Niceness added to the server's threads: when the cores are busy, the process's own ingest
+    /// thread (nice 0) is scheduled before queries, so answers never make the index fall behind.
+    pub nice: i32,
+}
+
+/// Lower this thread's scheduling priority by `nice` (Linux keeps a nice value per thread).
+fn lower_priority(nice: i32) {
+    if nice > 0 {
+        // SAFETY: setpriority on the calling thread (who = 0) with a plain integer; failure only leaves
+        // the priority as it was, which is harmless.
+        unsafe {
+            let current = libc::getpriority(libc::PRIO_PROCESS, 0);
+            libc::setpriority(libc::PRIO_PROCESS, 0, (current + nice).min(19));
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -88,6 +103,7 @@ impl Default for ServerConfig {
             read_timeout: Duration::from_secs(10),
             upstream: None,
             reuse_port: false,
+            nice: 0,
         }
     }
 }
@@ -208,9 +224,11 @@ impl Server {
         let addr = std_listener
             .local_addr()
             .map_err(|e| format!("cannot read the bound address: {e}"))?;
+        let nice = cfg.nice;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(cfg.threads.max(1))
             .thread_name("kvpipe-route")
+            .on_thread_start(move || lower_priority(nice))
             .enable_io()
             .enable_time()
             .build()
@@ -1176,6 +1194,34 @@ mod tests {
         assert!(!srv.is_running());
         srv.stop(Duration::from_secs(1));
         assert!(TcpStream::connect(addr).is_err());
+    }
+
+    /// Answers with the niceness of the thread it runs on.
+    struct Niceness;
+
+    impl Decide for Niceness {
+        fn route(&self, _body: &[u8]) -> Option<Answer> {
+            // SAFETY: getpriority of the calling thread.
+            let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+            Some(Answer {
+                status: 200,
+                body: nice.to_string().into_bytes(),
+            })
+        }
+    }
+
+    #[test]
+    fn the_server_threads_run_at_the_niceness_asked() {
+        // SAFETY: getpriority of the calling thread.
+        let base = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+        let cfg = ServerConfig {
+            nice: 5,
+            ..ServerConfig::default()
+        };
+        let server = Server::start(cfg, Arc::new(Niceness)).unwrap();
+        let reply = request(server.addr(), &post("/route", None, "{}"));
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.text(), (base + 5).min(19).to_string());
     }
 
     #[test]
