@@ -508,6 +508,11 @@ class _Rig:
             self.env[TOKEN_ENV] = token
         self.url = url
         self.wrk_runs = 0
+        self.replicas: list = []  # router replicas beyond `proc`
+
+    def cpu_s(self) -> float:
+        """CPU seconds of every router process so far."""
+        return sum(_proc_cpu(p.proc.pid) for p in [self.proc, *self.replicas])
 
     def start_wrk(self, connections: int, duration_s: float) -> tuple[subprocess.Popen, Path]:
         self.wrk_runs += 1
@@ -547,7 +552,7 @@ def _step(rig: _Rig, connections: int, ingest: IngestSource | None, probes: Prob
     if ingest is not None:  # generated before the clock starts
         messages = ingest.take(max(1, round(args.ingest_rate * duration / args.ingest_events)))
     stats0 = proc.get("/stats")
-    cpu0, host0, t0 = _proc_cpu(proc.proc.pid), _host(), time.perf_counter()
+    cpu0, host0, t0 = rig.cpu_s(), _host(), time.perf_counter()
     popen, out = rig.start_wrk(connections, duration)
     latencies: list[float] = []
     sent: dict = {}
@@ -563,7 +568,7 @@ def _step(rig: _Rig, connections: int, ingest: IngestSource | None, probes: Prob
     finally:
         probes.close()
     parsed, wrk_cpu, text = rig.finish_wrk(popen, out, duration)
-    t1, cpu1, host1 = time.perf_counter(), _proc_cpu(proc.proc.pid), _host()
+    t1, cpu1, host1 = time.perf_counter(), rig.cpu_s(), _host()
     stats1 = proc.get("/stats")
     wall = t1 - t0
     busy, ncpu = (host1[0] - host0[0]) / max(1, host1[1] - host0[1]), os.cpu_count() or 1
@@ -596,7 +601,8 @@ def _step(rig: _Rig, connections: int, ingest: IngestSource | None, probes: Prob
         ends = _watermarks(rig.kafka_conf, rig.topic, args.partitions)
         row["behind_at_end_msgs"] = _behind(stats1, ends)
         started = time.perf_counter()
-        proc.wait_offsets(ends, timeout=args.drain_timeout_s)  # caught up before the next step
+        for p in [proc, *rig.replicas]:
+            p.wait_offsets(ends, timeout=args.drain_timeout_s)  # caught up before the next step
         row["drain_s"] = round(time.perf_counter() - started, 2)
         row["published_events_per_s"] = round(len(messages) * args.ingest_events / sent["seconds"]) \
             if sent.get("seconds") else None
@@ -702,6 +708,9 @@ def _connections_option(ctx: click.Context, param: click.Parameter, value: str) 
 @click.option("--processor-env", multiple=True, metavar="KVPIPE_NAME=VALUE", callback=_env_option,
               help="a setting for the processor child (repeatable), e.g. KVPIPE_PROCESSOR_DELIVERY=message; "
                    "KVPIPE_ROUTE_PORT=auto picks a free port for the native route server and aims wrk at it")
+@click.option("--replicas", type=click.IntRange(1, 8), default=1, show_default=True,
+              help="router replicas: processors in consumer groups of their own, each holding the whole index, "
+                   "sharing the native route port (SO_REUSEPORT; needs KVPIPE_ROUTE_PORT)")
 @click.option("--keep-topics", is_flag=True, help="leave the bench topics on the broker")
 def route_load_bench(**params: Any) -> dict[str, Any]:
     args = SimpleNamespace(**params)
@@ -740,6 +749,7 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
     (tmp / "bodies.jsonl").write_text("".join(body_line(t) + "\n" for _, t in bodies))
     ingest = IngestSource(args.ingest_nodes, args.ingest_events) if args.ingest_rate > 0 else None
     proc = None
+    replicas: list = []  # router replicas beyond the first (--replicas)
     steps: list[dict[str, Any]] = []
     try:
         t_load = time.perf_counter()
@@ -757,15 +767,27 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
         if env.get("KVPIPE_ROUTE_PORT") == "auto":
             env["KVPIPE_ROUTE_PORT"] = str(free_port())
         route_port = int(env.get("KVPIPE_ROUTE_PORT") or 0)
+        if args.replicas > 1:
+            if not route_port:
+                raise click.UsageError("--replicas needs the native route server (KVPIPE_ROUTE_PORT)")
+            env["KVPIPE_ROUTE_REUSE_PORT"] = "true"
         proc = ProcessorProcess(env, tmp / "processor.log")
         proc.start()
+        for r in range(1, args.replicas):  # own consumer group, web port and state; the same route port
+            replica = ProcessorProcess({**env, "KVPIPE_PROCESSOR_ID": f"bench-load-{tag}-r{r}",
+                                        "KVPIPE_WEB_PORT": str(free_port()),
+                                        "KVPIPE_STATE_DIR": str(tmp / f"state-r{r}")}, tmp / f"processor-r{r}.log")
+            replicas.append(replica)
+            replica.start()
         affinity = _pin(proc.proc.pid, args.cpus) if args.cpus else _affinity(proc.proc.pid)
-        proc.wait_offsets(_watermarks(kafka_conf, topic, args.partitions), timeout=600)
+        for p in [proc, *replicas]:
+            p.wait_offsets(_watermarks(kafka_conf, topic, args.partitions), timeout=600)
         load_s = time.perf_counter() - t_load
         stats = proc.get("/stats")
         url = f"http://127.0.0.1:{route_port}/route" if route_port else proc.url + "/route"
         mix = _check_bodies(url, proc.headers, bodies)
         rig = _Rig(args, proc, topic, kafka_conf, tmp, token, url)
+        rig.replicas = replicas
         rig.script.write_text(lua_script(str(tmp / "bodies.jsonl")))
         _warm(rig)
         probes = ProbeSeries(kafka_conf, topic, proc, route_url=url if route_port else None)
@@ -779,7 +801,12 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
             if ingest is not None:
                 steps.append(_step(rig, c, ingest, probes))
         nodes_seen = proc.get("/stats")["nodes"]
+        # how the kernel spread the connections: native answers per replica
+        native_per_replica = [p.get("/stats").get("route_server", {}).get("requests", {}).get("native", 0)
+                              for p in [proc, *replicas]]
     finally:
+        for p in replicas:
+            p.stop()
         if proc is not None:
             proc.stop()
         if not args.keep_topics:
@@ -806,6 +833,8 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
         "processor_cpus": affinity,
         "pinned": bool(args.cpus),
         "served_by": "route_port (native route server)" if route_port else "web_port (the app's web server)",
+        "replicas": args.replicas,
+        "native_answers_per_replica": native_per_replica,
         "processor_env": {k: v for k, v in args.processor_env.items() if not re.search("TOKEN|PASSWORD|SECRET", k)},
         "duration_s_per_step": args.duration_s,
         "connections": args.connections,
