@@ -57,7 +57,7 @@ class Serving:
 
     def refresh(self) -> None:
         if self.route is not None:
-            self.route.refresh(runtime.inflight)
+            self.route.refresh(runtime.inflight, seen=runtime.ingest.counters["messages"])
 
     def stats(self) -> dict:
         if self.server is None:

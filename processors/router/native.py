@@ -59,21 +59,25 @@ class NativeRoute:
         self.why_not = "no plan exported yet"
         self._nodes: list[NodeState] = []
         self._media = 0
+        self._seen: int | None = None
         self.last_refresh = 0.0
         index.on_move = self.router.set_generation
         self.router.set_generation(index.generation)
 
     # -- what the routing app calls ------------------------------------------------------------------
 
-    def refresh(self, inflight: InFlight | None, now: float | None = None) -> None:
-        """Export the plan if the index moved, push the nodes' live state, open or close the native path."""
+    def refresh(self, inflight: InFlight | None, now: float | None = None, seen: int | None = None) -> None:
+        """Export the plan if the index moved, push the nodes' live state, open or close the native path.
+        `seen`: a count that moves whenever a message is handled (the ingest's); while it holds still no node's
+        state can have changed, and the push is skipped."""
         self.last_refresh = time.monotonic()
         index = self.index
         store = index.store
         if self.exported != index.generation or self._media != len(store.media):  # type: ignore[union-attr]
             self._export()
-        else:
+        elif seen is None or seen != self._seen:
             self.router.set_live([_live(n) for n in self._nodes])
+        self._seen = seen
         if inflight is not None and inflight.tracking():
             inflight.sweep(time.time() if now is None else now)
         reason = (self.why_not if not self.servable else

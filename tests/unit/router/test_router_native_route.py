@@ -132,3 +132,18 @@ def test_a_hash_configuration_hashed_in_python_keeps_the_path_closed():
     path.refresh(None)
     assert not path.router.ready and "sha256_cbor" in path.open_reason
     assert path.answer(msgspec.json.encode(RouteRequest(token_ids=bench.prompts(docs, 1, rng)[0]))) is None
+
+
+def test_live_state_is_pushed_only_when_messages_were_handled():
+    rng, index, docs = _fleet(5)
+    path = native.NativeRoute(index, HitSearch("native"), STALE)
+    pushed = []
+    real = path.router.set_live
+    path.router = type("Spy", (), {"__getattr__": lambda self, name: getattr(real.__self__, name),
+                                   "set_live": lambda self, live: pushed.append(len(live)) or real(live)})()
+    path.refresh(None, seen=10)  # the plan (and its live state) exported
+    path.refresh(None, seen=10)
+    path.refresh(None, seen=10)
+    assert pushed == []
+    path.refresh(None, seen=11)
+    assert pushed == [len(path._nodes)]
