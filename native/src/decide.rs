@@ -88,6 +88,31 @@ pub struct Live {
     pub running: i64,
     pub waiting: i64,
     pub kv_usage: f64,
+    /// The load term of the score, and the score of the node holding nothing (`round(0 - penalty, 9)`):
+    /// worked out once per push, not per request (an uncached prompt ranks every node by it).
+    pub penalty: f64,
+    pub zero_score: f64,
+}
+
+impl Live {
+    pub fn new(
+        suspect: Option<String>,
+        last_seen: f64,
+        running: i64,
+        waiting: i64,
+        kv_usage: f64,
+    ) -> Self {
+        let penalty = RUNNING_W * running as f64 + WAITING_W * (waiting as f64) + KV_W * kv_usage;
+        Live {
+            suspect,
+            last_seen,
+            running,
+            waiting,
+            kv_usage,
+            penalty,
+            zero_score: round9(0.0 - penalty),
+        }
+    }
 }
 
 /// Scoring's defaults (`processors/router/model.py: Scoring`); a request with its own scoring goes
@@ -213,10 +238,6 @@ fn tier(l: &Live, now: f64, stale: Option<&(f64, String)>) -> u8 {
     }
 }
 
-fn penalty(l: &Live) -> f64 {
-    RUNNING_W * l.running as f64 + WAITING_W * (l.waiting as f64) + KV_W * l.kv_usage
-}
-
 /// Rank order of `decide._rank`: tier, then higher score, more GPU tokens, more loadable tokens,
 /// then node id.
 fn before(a: &Row, b: &Row, plan: &Plan) -> bool {
@@ -310,7 +331,7 @@ fn decide(
                 let l = &live[node];
                 let loadable = n.any_tokens - n.gpu_tokens;
                 let score = round9(
-                    OVERLAP_W * (n.gpu_tokens as f64 + CPU_W * loadable as f64) / cap - penalty(l),
+                    OVERLAP_W * (n.gpu_tokens as f64 + CPU_W * loadable as f64) / cap - l.penalty,
                 );
                 rows.push(Row {
                     tier: tier(l, now, plan.stale_after.as_ref()),
@@ -338,7 +359,7 @@ fn decide(
                 let l = &live[node];
                 let row = Row {
                     tier: tier(l, now, plan.stale_after.as_ref()),
-                    score: round9(0.0 - penalty(l)),
+                    score: l.zero_score,
                     gpu: 0,
                     loadable: 0,
                     node,

@@ -33,12 +33,8 @@ pub(crate) struct NativeRouter {
 
 fn lives(live: Vec<LiveArgs>) -> Vec<Live> {
     live.into_iter()
-        .map(|(suspect, last_seen, running, waiting, kv_usage)| Live {
-            suspect,
-            last_seen,
-            running,
-            waiting,
-            kv_usage,
+        .map(|(suspect, last_seen, running, waiting, kv_usage)| {
+            Live::new(suspect, last_seen, running, waiting, kv_usage)
         })
         .collect()
 }

@@ -32,8 +32,9 @@ pub struct Members {
     /// media those classes stand for; rebuilt when the store's slots change (`Store::slot_version`).
     slots: Mutex<Option<Arc<SlotMap>>>,
     /// The per-call bitsets, kept zeroed between calls (only touched members' parts are cleared
-    /// after use), so a call neither allocates nor clears them whole.
-    scratch: Mutex<Vec<u64>>,
+    /// after use), so a call neither allocates nor clears them whole: a few of them, since route
+    /// threads search one cohort at once.
+    scratch: Mutex<Vec<Vec<u64>>>,
 }
 
 /// A slot's member (`NOT_MEMBER` when it belongs to no node of the cohort, or is closed) and its
@@ -285,23 +286,15 @@ pub fn route_cohort(
     }
     let nm = members.owners.len();
     // a call that panicked may have left bits set: start that buffer afresh
-    // Route threads may search one cohort at once: the first takes the kept buffer, the others
-    // work on a fresh one rather than wait (a call that panicked may have left bits set: start
-    // that buffer afresh).
-    let mut kept = match members.scratch.try_lock() {
-        Ok(g) => Some(g),
-        Err(std::sync::TryLockError::Poisoned(e)) => {
-            let mut g = e.into_inner();
-            g.clear();
-            Some(g)
-        }
-        Err(std::sync::TryLockError::WouldBlock) => None,
-    };
-    let mut own: Vec<u64> = Vec::new();
-    let bits: &mut Vec<u64> = match kept.as_deref_mut() {
-        Some(v) => v,
-        None => &mut own,
-    };
+    // A zeroed buffer from the member table's pool (a new one when every kept one is in use by
+    // another thread), given back zeroed at the end; a call that panicked takes its buffer with it.
+    let mut own: Vec<u64> = members
+        .scratch
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .pop()
+        .unwrap_or_default();
+    let bits: &mut Vec<u64> = &mut own;
     if bits.len() != nm * classes * per {
         bits.clear();
         bits.resize(nm * classes * per, 0);
@@ -444,5 +437,12 @@ pub fn route_cohort(
             bits[mi * classes * per..(mi + 1) * classes * per].fill(0);
         }
     }
+    let mut pool = members.scratch.lock().unwrap_or_else(|e| e.into_inner());
+    if pool.len() < SCRATCH_KEPT {
+        pool.push(own);
+    }
     Ok(out)
 }
+
+/// Zeroed buffers a member table keeps: one per route thread that may search its cohort at once.
+const SCRATCH_KEPT: usize = 8;
