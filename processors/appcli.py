@@ -13,6 +13,8 @@ from kvpipe.schemas.settings import Settings, SettingsError, load_settings
 def worker_settings(prog: str, flags: Mapping[str, object], insecure: bool) -> Settings | None:
     """The app's settings, or None after printing why it must not start (the caller exits 2)."""
     os.environ.update({k: str(v) for k, v in flags.items() if v is not None})
+    if insecure:  # the apps check the exposure rule again at import (webauth.install): they must see the flag
+        os.environ["KVPIPE_INSECURE"] = "true"
     try:
         settings = load_settings()
     except SettingsError as exc:

@@ -86,7 +86,12 @@ def middleware(token: str) -> Callable[..., Awaitable[Any]]:
 
 def install(app: Any, settings: Settings) -> None:
     """Turn off Faust's built-in pages and, if a token is configured, require it. Must run before
-    anything touches `app.web` (the blueprints and the aiohttp Application are built there)."""
+    anything touches `app.web` (the blueprints and the aiohttp Application are built there).
+
+    The exposure rule is checked here too, not only by the CLI: however the app is started
+    (`faust -A kvpipe.processors.app worker`, an embedding program), a non-loopback bind without a
+    token refuses to build the app (ExposureError)."""
+    check_exposure(settings)
     for name in _FAUST_PAGES_OFF:
         setattr(app.conf, name, False)
     token = settings.api_token_value()

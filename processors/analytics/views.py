@@ -47,7 +47,8 @@ class Health(web.View):
     orchestrator restarting us would not help); the store's state is in the body."""
 
     async def get(self, request: web.Request) -> web.Response:
-        store = _stats()["store"]
+        # open without the token: the store's state, never the engine's error text (that is in /stats)
+        store = {k: v for k, v in _stats()["store"].items() if k != "reason"}
         return self.json({"status": "ok", "app": "analytics", "analytics_id": settings.analytics_id, "store": store})
 
 

@@ -116,3 +116,24 @@ def test_bridge_metrics_endpoint_requires_the_token_when_one_is_set():
         assert _get(f"http://127.0.0.1:{open_server.port}/metrics") == (200, b"kvpipe_x 2\n")
     finally:
         open_server.close()
+
+
+@pytest.mark.parametrize("module", ["kvpipe.processors.app", "kvpipe.processors.analytics.app"])
+def test_the_exposure_rule_holds_however_the_app_is_started(module, tmp_path):
+    """`faust -A <module> worker` imports the app module without the CLI: the import itself refuses a public bind
+    without a token, and accepts it with one or with the insecure setting."""
+    import os
+    import subprocess
+    import sys
+
+    from kvpipe.bench.procrun import REPO
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KVPIPE_")}
+    base.update(PYTHONPATH=str(REPO), KVPIPE_WEB_HOST="0.0.0.0", KVPIPE_STATE_DIR=str(tmp_path))
+    code = f"import {module}"
+    refused = subprocess.run([sys.executable, "-c", code], env=base, capture_output=True, text=True, cwd=tmp_path)
+    assert refused.returncode != 0 and "refusing to serve HTTP on 0.0.0.0" in refused.stderr
+    for extra in ({"KVPIPE_API_TOKEN": "t0k3n"}, {"KVPIPE_INSECURE": "true"}):
+        ok = subprocess.run([sys.executable, "-c", code], env={**base, **extra}, capture_output=True, text=True,
+                            cwd=tmp_path)
+        assert ok.returncode == 0, ok.stderr[-2000:]
