@@ -50,6 +50,11 @@ Runner = Callable[[str, "dict | None", dict], dict]
 
 _PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 MAX_PARAM_CHARS = 65_536
+# ClickHouse's own max_query_size (262144 bytes): a longer statement could never run, and parsing one takes
+# seconds, so it is refused before the parser sees it
+MAX_STATEMENT_BYTES = 256 * 1024
+# a /sql body: the statement, its parameters and the JSON around them
+MAX_BODY_BYTES = MAX_STATEMENT_BYTES + 64 * MAX_PARAM_CHARS // 16
 # Engine error codes that mean "a per-query limit was hit" → the setting that set it.
 _LIMIT_CODES = {
     159: "max_execution_time",  # TIMEOUT_EXCEEDED
@@ -114,9 +119,16 @@ def check_params(params: dict) -> dict[str, int | float | str]:
 
 def check_statement(sql: str, database: str = DEFAULT_DATABASE) -> CheckedSql:
     """The text to run for an analyst's statement and its placeholders, or QueryError: 403 refused, 400 does not
-    parse."""
+    parse (or nests deeper than the parser can follow), 413 longer than the engine would take."""
+    size = len(sql.encode("utf-8", "surrogatepass")) if isinstance(sql, str) else 0
+    if size > MAX_STATEMENT_BYTES:
+        raise QueryError(413, "statement too large", f"{size} bytes; the limit is {MAX_STATEMENT_BYTES} (the engine's "
+                                                     "max_query_size): aggregate, or use a parameter")
     try:
         return checked_sql(sql, database=database)
+    except RecursionError:
+        raise QueryError(400, "sql nested too deep", "the statement nests deeper than the SQL parser follows; "
+                                                     "flatten it (CTEs instead of nested subqueries)") from None
     except SqlSyntaxError as exc:
         raise QueryError(400, "sql does not parse", str(exc)) from None
     except SqlRefused as exc:
@@ -217,6 +229,8 @@ class AnalystQueries:
         self.limits = limits
         self._dsn = dsn
         self._pool = ThreadPoolExecutor(max_workers=limits.max_concurrent, thread_name_prefix="kvpipe-sql")
+        # the guard parses on a thread of its own: a long statement takes the parser a while, never the event loop
+        self._guard = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvpipe-sql-guard")
         self._lock = threading.Lock()
         self._admitted = 0  # running + waiting; decremented by the worker thread when the query ends
 
@@ -226,8 +240,9 @@ class AnalystQueries:
             return self._admitted
 
     async def execute(self, request: SqlRequest) -> dict:
-        # The guard is cheap and pure: refuse before taking a slot, so refusals never queue.
-        bind_values(check_statement(request.sql, self.limits.database), request.params)
+        # The guard is pure: refuse before taking a slot, so refusals never wait behind running queries.
+        await asyncio.get_running_loop().run_in_executor(
+            self._guard, lambda: bind_values(check_statement(request.sql, self.limits.database), request.params))
         capacity = self.limits.max_concurrent + self.limits.max_waiting
         with self._lock:
             if self._admitted >= capacity:
@@ -253,6 +268,7 @@ class AnalystQueries:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._guard.shutdown(wait=False, cancel_futures=True)
 
 
 def engine_error(exc: BaseException, limits: QueryLimits, dsn: str = "") -> QueryError:

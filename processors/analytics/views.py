@@ -14,7 +14,9 @@ from faust.types import TP
 
 from kvpipe.processors.analytics import metrics
 from kvpipe.processors.analytics.app import app, settings
-from kvpipe.processors.analytics.query import QueryError, parse_sql_request
+from kvpipe.processors.analytics.query import MAX_BODY_BYTES, QueryError, parse_sql_request
+from kvpipe.processors.api import ApiError
+from kvpipe.processors.httpbody import checked_body
 from kvpipe.processors.analytics.state import collect_stats, runtime
 
 
@@ -56,8 +58,13 @@ class Health(web.View):
 class Sql(web.View):
     async def post(self, request: web.Request) -> web.Response:
         try:
-            answer = await runtime.queries.execute(parse_sql_request(await request.read()))
+            # read as the routing app reads its bodies: size, nesting depth and time bounded, 4xx JSON otherwise
+            raw = await checked_body(request, min(settings.http_max_body_bytes, MAX_BODY_BYTES),
+                                     settings.http_max_json_depth, settings.http_read_timeout_s)
+            answer = await runtime.queries.execute(parse_sql_request(raw))
         except QueryError as exc:
+            return self.json(exc.body(), status=exc.status)
+        except ApiError as exc:
             return self.json(exc.body(), status=exc.status)
         return self.bytes(json.dumps(answer, default=_jsonable).encode(), content_type="application/json")
 

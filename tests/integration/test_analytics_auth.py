@@ -11,6 +11,8 @@ import secrets
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,17 @@ def test_analytics_endpoints_need_the_token_and_kvpipe_sql_sends_it(kafka_bootst
         assert status == 401 and body["error"] == "unauthorized"
         status, body = _sql(app.url, "SELECT count() AS n FROM kv_events_final", TOKEN)
         assert status == 200 and body["rows"] == [[0]]
+        # /sql bodies are read as the routing app reads its own: bounded, and every refusal is JSON
+        for raw, want in ((b'{"sql": ' + b"[" * 40 + b"]" * 40 + b"}", 400), (b"not json", 400),
+                          (json.dumps({"sql": "SELECT 1 -- " + "x" * 600_000}).encode(), 413),
+                          (json.dumps({"sql": "SELECT 1 WHERE " + "(" * 3000 + "1" + ")" * 3000}).encode(), 400)):
+            req = urllib.request.Request(app.url + "/sql", data=raw, method="POST",
+                                         headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=30)
+                raise AssertionError(f"{raw[:40]!r} was accepted")
+            except urllib.error.HTTPError as exc:
+                assert exc.code == want and "error" in json.loads(exc.read()), raw[:40]
         cli_env = {"KVPIPE_ANALYTICS_WEB_PORT": str(port), "KVPIPE_STATE_DIR": str(tmp_path / "state")}
         ok = _cli({**cli_env, "KVPIPE_API_TOKEN": TOKEN}, tmp_path, "sql", "--json", "SELECT 1 AS one")
         assert ok.returncode == 0, ok.stderr

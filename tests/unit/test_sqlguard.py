@@ -359,3 +359,20 @@ def test_a_placeholder_without_a_value_is_named() -> None:
     with pytest.raises(QueryError, match=r"\{n:UInt32\} has no value"):
         bind_values(checked_sql("SELECT {n:UInt32}"), {})
     assert bind_values(checked_sql("SELECT {n:UInt32}"), {"n": 3}) == {"n": 3}
+
+
+def test_a_statement_longer_than_the_engine_takes_is_413_before_parsing() -> None:
+    from kvpipe.processors.analytics.query import MAX_STATEMENT_BYTES
+
+    sql = "SELECT count() FROM kv_events WHERE node_id IN (" + ",".join(f"'n{i}'" for i in range(60_000)) + ")"
+    assert len(sql) > MAX_STATEMENT_BYTES
+    with pytest.raises(QueryError) as refused:
+        check_statement(sql)
+    assert refused.value.status == 413 and "max_query_size" in refused.value.detail
+
+
+def test_sql_nested_past_the_parser_is_a_400_not_a_500() -> None:
+    sql = "SELECT " + "(" * 3000 + "1" + ")" * 3000
+    with pytest.raises(QueryError) as refused:
+        check_statement(sql)
+    assert refused.value.status in (400, 403)
