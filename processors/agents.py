@@ -7,11 +7,12 @@ import time
 
 from kvpipe.processors import rebalance
 from kvpipe.processors.app import app, batch_handlers, settings
+from kvpipe.processors.durability import SnapshotProducer
 from kvpipe.processors.index import APPLIED, REFUSED
 from kvpipe.processors.ingest import DLQ, dlq_record
 from kvpipe.processors.lograte import RateLimitedLog
 from kvpipe.processors.state import runtime
-from kvpipe.processors.topics import dlq_topic, events_topic, snapshot_topic
+from kvpipe.processors.topics import dlq_topic, events_topic
 from kvpipe.schemas.codec import DecodeError
 
 log = logging.getLogger(__name__)
@@ -130,10 +131,16 @@ async def flush_side_effects() -> None:
     await app.producer.flush()
 
 
+# Snapshots go through a producer of their own, never the app's: Faust flushes the app's producer
+# before each offset commit, and ingest waits for commits (durability.SnapshotProducer says how).
+snapshot_producer = SnapshotProducer(settings.bootstrap(), settings.snapshot_topic, settings.snapshot_timeout_s,
+                                     max(settings.max_message_bytes, 2 * 1024 * 1024))
+
+
 @app.timer(interval=settings.snapshot_every_s)
 async def snapshot_partitions() -> None:
     try:
-        await runtime.durability.snapshot(snapshot_topic, owned_partitions(), flush_side_effects)
+        await runtime.durability.snapshot(snapshot_producer, owned_partitions(), flush_side_effects)
     except asyncio.TimeoutError:  # the cluster did not acknowledge (counted in /stats): no traceback to read
         log.warning("periodic snapshot not acknowledged within %g s (%d failed so far); ingest goes on, a restart "
                     "replays from the previous snapshot", runtime.durability.timeout_s,
@@ -143,7 +150,7 @@ async def snapshot_partitions() -> None:
 
 
 async def _snapshot_revoked(partitions: list[int]) -> None:
-    await runtime.durability.snapshot(snapshot_topic, partitions, flush_side_effects)
+    await runtime.durability.snapshot(snapshot_producer, partitions, flush_side_effects)
 
 
 rebalance.connect(app, runtime.durability, runtime.ingest, settings.events_topic, _snapshot_revoked)
@@ -152,6 +159,7 @@ rebalance.connect(app, runtime.durability, runtime.ingest, settings.events_topic
 @app.on_before_shutdown.connect
 async def snapshot_on_shutdown(app, **kwargs) -> None:
     try:
-        await runtime.durability.snapshot(snapshot_topic, sorted(runtime.ingest.applied_offset), flush_side_effects)
+        await runtime.durability.snapshot(snapshot_producer, sorted(runtime.ingest.applied_offset), flush_side_effects)
     except Exception:
         log.exception("snapshot at shutdown failed (the next start replays from the previous one)")
+    await snapshot_producer.stop()

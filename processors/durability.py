@@ -177,6 +177,82 @@ class Durability:
         await consumer.seek_wait(offsets)  # and for offset 0, which perform_seek() leaves alone
 
 
+class SnapshotProducer:
+    """The snapshot topic's own Kafka producer, for `Durability.snapshot` (which takes anything whose
+    `send(key=, value=, partition=, force=)` returns an acknowledgement future, as a Faust topic's does).
+
+    Why not the app's producer (a Faust topic's `send`): Faust flushes the app's producer before every
+    offset commit (`Consumer._commit_offsets`: `await app.producer.flush()`), its commit timer commits
+    every 2.8 s, and the consumer's drain loop awaits a commit every `broker_commit_every` (10,000)
+    messages, waiting for a commit already under way. Snapshot records for partitions without a leader
+    (a full or failed log dir) stay in a producer until its request timeout, Faust's 20 minutes; so the
+    commit waited on them, and behind it the ingest: measured, applying stopped at the first of those
+    10,000-message commits after the disk filled and stayed stopped until the broker was restarted
+    (RELIABILITY.md §8, full disk). In a producer
+    of their own they hold up nothing but the snapshot that sent them, and `Durability.snapshot`'s
+    timeout bounds that. The records of a failed snapshot expire after the request timeout (the
+    snapshot timeout, at least `MIN_REQUEST_TIMEOUT_S`) instead of piling up.
+
+    Started on the first send (inside the app's event loop); `stop` at shutdown.
+    """
+
+    MIN_REQUEST_TIMEOUT_S = 10.0
+
+    def __init__(self, bootstrap: str, topic: str, timeout_s: float, max_request_size: int = 2 * 1024 * 1024,
+                 client_kwargs: dict[str, Any] | None = None) -> None:
+        self.bootstrap, self.topic = bootstrap, topic
+        self.request_timeout_s = max(self.MIN_REQUEST_TIMEOUT_S, timeout_s)
+        self.max_request_size = max_request_size
+        self._client_kwargs = client_kwargs
+        self._producer = None
+        self._starting = asyncio.Lock()
+
+    def config(self) -> dict[str, Any]:
+        """The aiokafka producer's keyword arguments (TLS/SASL as the app's own clients)."""
+        kwargs = self._client_kwargs
+        if kwargs is None:
+            from kvpipe.processors.kafkaconf import aiokafka_kwargs
+            from kvpipe.schemas.settings import load_settings
+
+            kwargs = aiokafka_kwargs(load_settings())
+        # acks=all as the app's producer; not idempotent, so a batch without a leader expires after
+        # the request timeout (an idempotent producer retries it for ever)
+        return {"bootstrap_servers": self.bootstrap, "acks": "all", "linger_ms": 0,
+                "request_timeout_ms": int(self.request_timeout_s * 1000), "max_request_size": self.max_request_size,
+                "client_id": f"kvpipe-snapshots-{self.topic}"[:200], **kwargs}
+
+    async def _started(self):
+        if self._producer is None:
+            async with self._starting:
+                if self._producer is None:
+                    from aiokafka import AIOKafkaProducer
+
+                    producer = AIOKafkaProducer(**self.config())
+                    try:
+                        await producer.start()
+                    except BaseException:
+                        await asyncio.shield(producer.stop())
+                        raise
+                    self._producer = producer
+        return self._producer
+
+    async def send(self, key: bytes, value: bytes | None, partition: int, force: bool = True) -> asyncio.Future:
+        """Queue one record; the returned future resolves once the cluster acknowledged it."""
+        producer = await self._started()
+        return await producer.send(self.topic, value=value, key=key, partition=partition)
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Deliver what is pending for up to `timeout_s`, then close (pending records are dropped)."""
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        try:
+            await asyncio.wait_for(producer.stop(), timeout_s)
+        except Exception as exc:  # shutting down: a stuck snapshot must not hold the exit
+            log.warning("snapshot producer did not close within %g s (%r); its pending records are dropped",
+                        timeout_s, exc)
+
+
 async def snapshot_reader(bootstrap: str):
     """A group-less aiokafka consumer for reading snapshot partitions (the caller stops it)."""
     from aiokafka import AIOKafkaConsumer

@@ -254,3 +254,266 @@ class Progress:
                 worst = max(worst, t - last_t)
                 last_t, last_v = t, v
         return round(max(worst, min(until, self.samples[-1][0] if self.samples else until) - last_t), 2)
+
+
+def _sample_ingest(url: str, headers: dict, bootstrap: str, topic: str, partitions: int, every_s: float, path: str,
+                   stop) -> None:
+    """IngestPauses' sampler (a child process): `monotonic applied published` lines into `path`."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from kvpipe.processors.remote import ok_json
+
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    broker = Consumer({**load_settings().kafka_confluent_security(), "bootstrap.servers": bootstrap, "group.id": "unused"})
+    try:
+        with open(path, "w", buffering=1) as out:
+            while not stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    # before /stats: what the processor could have applied by the time it answers
+                    published = sum(broker.get_watermark_offsets(tp, timeout=5)[1] for tp in tps)
+                    fresh = ok_json(url + "/stats", timeout=5.0, headers=headers)["freshness"]
+                    applied = sum(v.get("offset", -1) + 1 for v in fresh.values())
+                    out.write(f"{time.monotonic()} {applied} {published}\n")
+                except Exception:  # noqa: BLE001 - broker restarting, processor busy: no sample is no progress
+                    pass
+                stop.wait(max(0.0, every_s - (time.monotonic() - t0)))
+    finally:
+        broker.close()
+
+
+class IngestPauses:
+    """Samples, every `every_s`, how many messages the processor has applied (its /stats) and how many
+    the broker holds (the events topic's end offsets): the longest pause of ingest is the longest
+    time no sample saw the applied count advance while messages were waiting. A sample is timed
+    when its /stats answer arrived, so a blocked event loop shows as a pause too. The resolution
+    is the sampling interval (`sample_gaps_ms` says what it was). The sampler is a process of its
+    own: in this one it would wait for the GIL behind the publishing nodes' threads."""
+
+    def __init__(self, proc: ProcessorProcess, rig: Rig, every_s: float = 0.02) -> None:
+        import multiprocessing
+        import tempfile
+
+        self.every_s = every_s
+        self.samples: list[tuple[float, int, int]] = []  # (monotonic time, applied, published), after stop()
+        fd, self._path = tempfile.mkstemp(prefix="kvpipe-pauses-", suffix=".txt")
+        import os
+
+        os.close(fd)
+        ctx = multiprocessing.get_context("spawn")
+        self._stop = ctx.Event()
+        self._proc = ctx.Process(target=_sample_ingest, name="fault-pauses", daemon=True,
+                                 args=(proc.url, proc.headers, rig.bootstrap, rig.events, rig.partitions, every_s,
+                                       self._path, self._stop))
+        self._proc.start()
+
+    def stop(self) -> None:
+        """Stop sampling and load the samples."""
+        import os
+
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._proc.join(30)
+        if self._proc.is_alive():
+            self._proc.kill()
+        try:
+            with open(self._path) as f:
+                self.samples = [(float(t), int(a), int(p)) for t, a, p in (line.split() for line in f if line.strip())]
+        finally:
+            os.unlink(self._path)
+
+    def applied(self, at: float) -> int | None:
+        """The applied count of the last sample at or before `at`."""
+        before = [a for t, a, _ in self.samples if t <= at]
+        return before[-1] if before else None
+
+    def window(self, since: float, until: float) -> list[tuple[float, int, int]]:
+        return [s for s in self.samples if since <= s[0] <= until]
+
+    def longest_pause_ms(self, since: float, until: float) -> float:
+        """Longest time in [since, until] from a sample that saw progress (or nothing waiting) to the
+        next such sample, when the samples in between saw messages waiting and none applied."""
+        worst, last_t, last_applied = 0.0, None, None
+        for t, applied, published in self.window(since, until):
+            if last_t is None:
+                last_t, last_applied = t, applied
+                continue
+            if applied > last_applied or published <= applied:
+                worst = max(worst, t - last_t)
+                last_t, last_applied = t, applied
+        if last_t is not None and self.samples:  # a pause still going on at `until`
+            end = min(until, self.samples[-1][0])
+            if end > last_t and any(p > a for t, a, p in self.window(last_t, end)):
+                worst = max(worst, end - last_t)
+        return round(worst * 1000, 1)
+
+    def sample_gaps_ms(self, since: float, until: float) -> dict:
+        ts = [s[0] for s in self.window(since, until)]
+        gaps = sorted(b - a for a, b in zip(ts, ts[1:]))
+        if not gaps:
+            return {"samples": len(ts)}
+        return {"samples": len(ts), "p50_ms": round(gaps[len(gaps) // 2] * 1000, 1),
+                "max_ms": round(gaps[-1] * 1000, 1)}
+
+
+def fill(path: Path) -> int:
+    """Write a ballast file until the filesystem refuses; returns its size."""
+    written = 0
+    chunk = b"\0" * (256 * 1024)
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                written += f.write(chunk)
+        except OSError:
+            pass
+        try:  # the last partial block too
+            while f.write(b"\0" * 4096):
+                written += 4096
+        except OSError:
+            pass
+    return written
+
+
+def full_disk_unavailable() -> str | None:
+    """Why `SnapshotDisk` cannot run here, or None."""
+    import os
+
+    if os.geteuid() != 0:
+        return "making a filesystem full needs root (mount -t tmpfs)"
+    return None
+
+
+class SnapshotDisk:
+    """A broker of its own whose snapshot topic, and nothing else, sits on a small tmpfs (a second
+    log dir, JBOD), a rig of topics on it, and the means to fill the tmpfs and give the space back.
+
+    Kafka takes a full log dir offline (its partitions lose their leader) and keeps the broker and
+    the partitions on the other dir running; a failed dir comes back only when the broker restarts,
+    so `free()` deletes the ballast and restarts the broker (the operator's fix).
+
+    Placement: Kafka puts a new partition in the log dir holding the fewest. So the broker first runs
+    with one dir while every other topic is created — the rig's topics, and `__consumer_offsets`,
+    which Kafka creates only on a group's first coordinator lookup: left to the processor's start it
+    may come after the restart and land (mostly) on the tmpfs, and filling it then takes the consumer
+    group's coordinator offline too (offset commits fail with NOT_COORDINATOR, the consumer's commit
+    retries for ever and ingest waits behind it), a different fault. Then it
+    restarts with the tmpfs added and only then is the snapshot topic created. `start` checks on
+    disk that the tmpfs holds the snapshot topic's partitions and nothing else. Needs root (mount).
+    """
+
+    def __init__(self, tmp: Path, partitions: int = 2, size: str = "16m", heap: str = "256m") -> None:
+        self.tmp, self.partitions, self.size, self.heap = tmp, partitions, size, heap
+        self.small = tmp / "small"
+        self.kafka = None
+        self.rig: Rig | None = None
+        self.snapshots = ""
+        self._mounted = False
+
+    def start(self) -> "SnapshotDisk":
+        import dataclasses
+        import subprocess
+
+        from kvpipe.infra.kafka.config import BrokerConfig
+        from kvpipe.infra.kafka.local import LocalKafka
+        from kvpipe.infra.topics import TopicSpec, ensure_topics
+
+        why = full_disk_unavailable()
+        if why:
+            raise RuntimeError(why)
+        self.small.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size}", "tmpfs", str(self.small)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"mount -t tmpfs failed: {r.stderr}")
+        self._mounted = True
+        cfg = BrokerConfig(state_dir=self.tmp / "broker", port=free_port(), controller_port=free_port(), heap=self.heap)
+        self.kafka = LocalKafka(cfg)
+        self.kafka.up()
+        # Phase 1, one log dir: every topic but the snapshots', Faust's own (one run of the app) and
+        # the group coordinator's.
+        self.rig = Rig(cfg.bootstrap, self.tmp / "rig", partitions=self.partitions)
+        self.rig.processor("first").stop()
+        self.rig.processes.clear()
+        self._create_offsets_topic(cfg)
+        self.kafka.down(grace=20)
+
+        # Phase 2: the tmpfs added as a second log dir; the snapshot topic lands there.
+        self.kafka = LocalKafka(dataclasses.replace(cfg, extra_log_dirs=(self.small,)))
+        self.kafka.up()
+        self.snapshots = f"{self.rig.snapshots}-small"
+        ensure_topics(cfg.bootstrap, [TopicSpec(self.snapshots, self.partitions,
+                                                {"cleanup.policy": "compact", "segment.bytes": str(1 << 20)})])
+        want = [f"{self.snapshots}-{p}" for p in range(self.partitions)]
+        deadline = time.monotonic() + 20
+        while sorted(self.small_dirs() + self._dirs(cfg.data_dir, self.snapshots)) != want and time.monotonic() < deadline:
+            time.sleep(0.2)  # the broker creates the partitions' dirs just after the topic exists
+        self.check_placement()
+        return self
+
+    def check_placement(self) -> None:
+        """The small filesystem holds the snapshot topic's partitions and nothing else (AssertionError)."""
+        want = [f"{self.snapshots}-{p}" for p in range(self.partitions)]
+        if self.small_dirs() != want:
+            raise AssertionError(f"the small filesystem must hold the snapshot partitions {want} and nothing else; "
+                                 f"it holds {self.small_dirs()}")
+
+    @staticmethod
+    def _dirs(root: Path, prefix: str = "") -> list[str]:
+        return sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith(prefix))
+
+    def small_dirs(self) -> list[str]:
+        """The partition dirs on the small filesystem."""
+        return self._dirs(self.small)
+
+    def _create_offsets_topic(self, cfg) -> None:
+        """A group coordinator lookup makes Kafka create `__consumer_offsets` (all its partitions)
+        now, on the one log dir; waits for their dirs on disk."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({**load_settings().kafka_confluent_security(), "bootstrap.servers": cfg.bootstrap,
+                             "group.id": f"fault-coordinator-{self.rig.tag}"})
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    consumer.committed([TopicPartition(self.rig.events, 0)], timeout=10)
+                    break
+                except Exception:  # noqa: BLE001 - the coordinator is loading the new topic: ask again
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+        finally:
+            consumer.close()
+        deadline = time.monotonic() + 30
+        while len(self._dirs(cfg.data_dir, "__consumer_offsets-")) < 8:  # offsets.topic.num.partitions (infra)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"__consumer_offsets not on disk: {self._dirs(cfg.data_dir)}")
+            time.sleep(0.2)
+
+    def processor(self, **extra: str) -> ProcessorProcess:
+        """`kvpipe processor` writing its snapshots to the topic on the small filesystem."""
+        return self.rig.processor(KVPIPE_SNAPSHOT_TOPIC=self.snapshots, **extra)
+
+    def fill(self) -> int:
+        return fill(self.small / "ballast")
+
+    def free(self) -> None:
+        """Space returns: the ballast goes, the broker restarts (Kafka re-opens a failed dir only then)."""
+        (self.small / "ballast").unlink(missing_ok=True)
+        self.kafka.down(grace=20)
+        self.kafka.up()
+
+    def close(self) -> None:
+        import subprocess
+
+        try:
+            if self.rig is not None:
+                self.rig.close()
+        finally:
+            try:
+                if self.kafka is not None:
+                    self.kafka.down(purge=True, grace=10)
+            finally:
+                if self._mounted:
+                    subprocess.run(["umount", "-l", str(self.small)], capture_output=True)

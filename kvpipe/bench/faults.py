@@ -1,10 +1,11 @@
 """Fault probes with real processes: a broker outage, a processor SIGKILL, a processor SIGSTOP,
-the leader of the busiest partition of a 3-node cluster SIGKILLed. Each returns its figures and
-what was lost (kvpipe/bench/faultload.py checks the index exactly against what the nodes published).
+the leader of the busiest partition of a 3-node cluster SIGKILLed, a full disk under the snapshots.
+Each returns its figures and what was lost (kvpipe/bench/faultload.py checks the index exactly
+against what the nodes published).
 
 tests/fault/ runs them small inside `make test`; `kvpipe bench faults --json` runs them large.
-The outage and leader-kill probes start brokers of their own (state under a temp dir, free
-ports): stopping or killing a broker that anyone else uses is never part of a probe.
+The outage, leader-kill and full-disk probes start brokers of their own (state under a temp dir,
+free ports): stopping or killing a broker that anyone else uses is never part of a probe.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from typing import Any
 
 import click
 
-from kvpipe.bench.faultload import Load, Progress, Rig, check_analytics, check_index, wait_analytics_written
+from kvpipe.bench.faultload import (IngestPauses, Load, Progress, Rig, SnapshotDisk, check_analytics, check_index,
+                                    full_disk_unavailable, wait_analytics_written)
 from kvpipe.bench.procrun import free_port
 from kvpipe.schemas.cliopts import Command, run as run_command
 
@@ -206,18 +208,72 @@ def leader_kill(tmp: Path, before_s: float = 4.0, after_s: float = 6.0, nodes: i
         cluster.down(purge=True, grace=10)
 
 
-PROBES = ("outage", "kill", "pause", "leader")
+def disk_full(tmp: Path, before_s: float = 10.0, full_s: float = 30.0, nodes: int = 4, step_s: float = 0.005,
+              every_s: float = 0.02, snapshot_timeout_s: float = 3.0) -> dict:
+    """The filesystem under the snapshot topic (and nothing else) fills while nodes publish
+    (kvpipe/bench/faultload.py: SnapshotDisk); snapshots fail, counted. Figure: the longest ingest
+    pause while it is full (goal ≤ 100 ms), beside the longest in the `before_s` before it filled,
+    sampled every `every_s`. Then the space returns (ballast deleted, broker restarted) and the
+    snapshots must resume. Needs root (mount); skipped otherwise."""
+    why = full_disk_unavailable()
+    if why:
+        return {"probe": "snapshot_disk_full", "skipped": why}
+    disk = SnapshotDisk(tmp)
+    pauses = None
+    try:
+        disk.start()
+        proc = disk.processor(KVPIPE_SNAPSHOT_TIMEOUT_S=str(snapshot_timeout_s))
+        pauses = IngestPauses(proc, disk.rig, every_s)
+        load = Load(disk.rig, nodes, step_s).start()
+        time.sleep(2.0)  # the publishers' and the consumer's start is not what is measured
+        before_at = time.monotonic()
+        time.sleep(before_s)
+        disk.check_placement()
+        ok_before = proc.get("/stats")["durability"]["snapshots"]
+        filled_at = time.monotonic()
+        ballast = disk.fill()
+        time.sleep(full_s)
+        freed_at = time.monotonic()
+        durability = proc.get("/stats")["durability"]
+        disk.free()
+        back_at = time.monotonic()
+        deadline = back_at + 120
+        while proc.get("/stats")["durability"]["snapshot_ok_ts"] <= durability["snapshot_ok_ts"] + 1:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"snapshots did not resume within 120 s: {proc.get('/stats')['durability']}")
+            time.sleep(0.1)
+        pauses.stop()
+        result = {"probe": "snapshot_disk_full", "nodes": nodes, "ballast_bytes": ballast,
+                  "full_s": round(freed_at - filled_at, 1),
+                  "longest_ingest_pause_full_ms": pauses.longest_pause_ms(filled_at, freed_at),
+                  "longest_ingest_pause_before_ms": pauses.longest_pause_ms(before_at, filled_at),
+                  "sampling_full": pauses.sample_gaps_ms(filled_at, freed_at),
+                  "applied_while_full": (pauses.applied(freed_at) or 0) - (pauses.applied(filled_at) or 0),
+                  "snapshots_before_full": ok_before, "snapshot_errors": durability["snapshot_errors"],
+                  "snapshot_last_error": (durability["snapshot_last_error"] or {}).get("error"),
+                  "snapshot_back_after_restart_s": round(time.monotonic() - back_at, 1)}
+        return _finish(result, disk.rig, load, proc)
+    finally:
+        if pauses is not None:
+            pauses.stop()
+        disk.close()
+
+
+PROBES = ("outage", "kill", "pause", "leader", "disk")
 
 
 @click.command("faults", cls=Command, help=__doc__.split("\n\n")[0])
 @click.option("--only", default=",".join(PROBES), show_default=True, help="comma-separated probes")
 @click.option("--outage-s", type=float, default=30.0, show_default=True, help="seconds the broker stays down")
 @click.option("--pause-s", type=float, default=30.0, show_default=True, help="seconds the processor stays stopped")
+@click.option("--full-s", type=float, default=30.0, show_default=True,
+              help="seconds the snapshot topic's filesystem stays full (disk)")
 @click.option("--seconds", type=float, default=10.0, show_default=True, help="load before and after each fault")
 @click.option("--nodes", type=int, default=8, show_default=True, help="publishing nodes")
 @click.option("--step-ms", type=float, default=5.0, show_default=True,
               help="each node publishes one step this often")
-def faults(only: str, outage_s: float, pause_s: float, seconds: float, nodes: int, step_ms: float) -> dict:
+def faults(only: str, outage_s: float, pause_s: float, full_s: float, seconds: float, nodes: int,
+           step_ms: float) -> dict:
     from kvpipe.schemas.settings import load_settings
 
     chosen = {p.strip() for p in only.split(",") if p.strip()}
@@ -236,12 +292,16 @@ def faults(only: str, outage_s: float, pause_s: float, seconds: float, nodes: in
             probes["pause"] = processor_pause(bootstrap, tmp / "pause", pause_s, seconds, seconds, **common)
         if "leader" in chosen:
             probes["leader"] = leader_kill(tmp / "leader", seconds, seconds, **common)
+        if "disk" in chosen:
+            probes["disk"] = disk_full(tmp / "disk", seconds, full_s, **common)
     for r in probes.values():
         r["lost"] = _lost(r)
     outage_p99 = probes.get("outage", {}).get("publish_during_outage", {}).get("p99_ms")
     return {"bench": "faults", "value": sum(r["lost"] for r in probes.values()), "unit": "events lost (all probes)",
             "baseline": 0, "ratio": 1.0 if all(r["lost"] == 0 for r in probes.values()) else 0.0,
-            "publish_p99_during_outage_ms": outage_p99, "probes": probes}
+            "publish_p99_during_outage_ms": outage_p99,
+            "disk_full_longest_ingest_pause_ms": probes.get("disk", {}).get("longest_ingest_pause_full_ms"),
+            "probes": probes}
 
 
 def run(argv: list[str]) -> dict[str, Any] | int:
