@@ -17,9 +17,10 @@ import time
 
 from kvpipe.processors import rebalance
 from kvpipe.processors.analytics import derive, restore_state
-from kvpipe.processors.analytics.app import app, events_topic, settings, snapshot_topic
+from kvpipe.processors.analytics.app import app, events_topic, settings
 from kvpipe.processors.analytics.derive import message_rows
 from kvpipe.processors.analytics.state import runtime
+from kvpipe.processors.durability import SnapshotProducer
 from kvpipe.processors.ingest import Result
 
 log = logging.getLogger(__name__)
@@ -135,9 +136,16 @@ class StoreBehind(RuntimeError):
     pass
 
 
+# The snapshot topic's own producer, not the app's: Faust flushes the app's producer before every offset commit
+# and the consumer waits for commits, so records stuck for a leaderless snapshot partition (a full log dir) would
+# stop consumption (processors/durability.py: SnapshotProducer; RELIABILITY.md section 9).
+snapshot_producer = SnapshotProducer(settings.bootstrap(), settings.analytics_snapshot_topic, settings.snapshot_timeout_s,
+                                     max(settings.max_message_bytes, 2 * 1024 * 1024))
+
+
 async def _snapshot(partitions: list[int], timeout: float) -> None:
     try:
-        await runtime.durability.snapshot(snapshot_topic, partitions, acknowledged(timeout))
+        await runtime.durability.snapshot(snapshot_producer, partitions, acknowledged(timeout))
     except StoreBehind as exc:  # expected during an outage: progress waits for the store
         runtime.snapshot_skips += 1
         runtime.last_snapshot_skip = str(exc)
@@ -234,4 +242,5 @@ async def snapshot_on_shutdown(app, **kwargs) -> None:
         await _snapshot(sorted(runtime.ingest.applied_offset), REVOKE_FLUSH_S)
     except Exception:
         log.exception("analytics: snapshot at shutdown failed (the next start replays from the previous one)")
+    await snapshot_producer.stop()
     await asyncio.to_thread(runtime.sink.close, REVOKE_FLUSH_S)
