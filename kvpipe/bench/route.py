@@ -229,7 +229,7 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
                 t = time.perf_counter()
                 got = path.answer(body)
                 native_times[name].append(time.perf_counter() - t)
-                if got is None or _plain(got) != _plain(_ENCODE(want)):
+                if got is None or without_timings(got) != without_timings(_ENCODE(want)):
                     raise RuntimeError(f"request {r}: the native {name} differs from the Python path's")
                 if name == "decision":
                     native_times["decision_search"].append(_DECODE(got)["search_s"])
@@ -320,9 +320,10 @@ _ENCODE = msgspec.json.encode
 _DECODE = msgspec.json.decode
 
 
-def _plain(answer: bytes) -> dict:
-    """An answer without its timings (they differ run to run)."""
-    d = _DECODE(answer)
+def without_timings(answer: bytes | dict) -> dict:
+    """A route answer (JSON bytes or decoded) without its timings, which differ run to run: what the native and
+    the Python paths must agree on."""
+    d = dict(_DECODE(answer) if isinstance(answer, bytes) else answer)
     d.pop("hashing_s"), d.pop("search_s")
     d["hash_configs"] = [{k: v for k, v in h.items() if k != "hashing_s"} for h in d["hash_configs"]]
     return d

@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from kvpipe.bench import route as bench
+from kvpipe.bench.route import without_timings as _plain
 from kvpipe.processors.router import native
 from kvpipe.processors.router.decide import route
 from kvpipe.processors.router.hits import HitSearch
@@ -24,14 +25,6 @@ from kvpipe.processors.routeapi import NodeLoads
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native extension is not built")
 
 STALE = 15.0
-
-
-def _plain(answer: bytes) -> dict:
-    """An answer without its timings (they differ run to run)."""
-    d = json.loads(answer)
-    d.pop("hashing_s"), d.pop("search_s")
-    d["hash_configs"] = [{k: v for k, v in h.items() if k != "hashing_s"} for h in d["hash_configs"]]
-    return d
 
 
 def _python(index, body: RouteRequest) -> dict:
