@@ -56,6 +56,7 @@ class RecordingProxy:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.requests: list[str] = []
+        self.unused = 0  # connections closed before any byte was sent
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -68,7 +69,13 @@ class RecordingProxy:
             with conn:
                 conn.settimeout(2)
                 try:
-                    self.requests.append(conn.recv(4096).split(b"\r\n", 1)[0].decode(errors="replace"))
+                    data = conn.recv(4096)
+                    if not data:
+                        # closed without sending a byte: a connection the browser opened ahead of need (it
+                        # pre-connects to its proxy) and dropped unused; no request was made on it
+                        self.unused += 1
+                        continue
+                    self.requests.append(data.split(b"\r\n", 1)[0].decode(errors="replace"))
                     conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n")
                 except OSError:
                     self.requests.append("(connection without a request line)")
