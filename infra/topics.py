@@ -31,7 +31,7 @@ def default_specs(events_topic: str, dlq_topic: str, snapshot_topic: str, partit
     matters), with as many partitions as the events topic so snapshot partition i can follow
     events partition i. Events carry the broker's append time (LogAppendTime): the processors
     bound node timestamps by it, a clock no node can move and a replay sees unchanged
-    (processors/ingest.py).
+    (processors/core/ingest.py).
 
     `replication` > 1 (a cluster): each topic on that many nodes and `min.insync.replicas` 2, so
     an acks=all write (producer/config.py) is on two nodes before it is acknowledged and the loss

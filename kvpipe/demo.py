@@ -30,7 +30,7 @@ from kvpipe.schemas.cliopts import Command, apply_bootstrap, bootstrap_server_op
 from kvpipe.progress import Progress
 from kvpipe.bench.procrun import free_port
 from kvpipe.processors.analytics.saved import QUERIES_DIR
-from kvpipe.processors.remote import ok_json
+from kvpipe.processors.core.remote import ok_json
 from kvpipe.schemas.settings import Settings, load_settings
 
 NODES = [
@@ -50,7 +50,7 @@ class DemoOptions:
 
 
 def _http(url: str, body: dict | None = None, timeout: float = 10.0) -> dict:
-    # the processor may require KVPIPE_API_TOKEN: kvpipe.processors.remote sends it
+    # the processor may require KVPIPE_API_TOKEN: kvpipe.processors.core.remote sends it
     return ok_json(url, body, timeout=timeout)
 
 
@@ -290,7 +290,7 @@ class Demo:
                 print(f"  {row}")
             ok = ok and bool(result.get("rows"))
         from kvpipe.processors.analytics.report import build_report  # the capacity report, read through /sql
-        from kvpipe.processors.remote import ProcessorSql
+        from kvpipe.processors.core.remote import ProcessorSql
 
         report = build_report(ProcessorSql(self.analytics_base, timeout=60), self.state / "report.html")
         print(f"capacity-planning report (open in a browser, works offline): {report}")

@@ -56,7 +56,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     snapshot_every_s: float = 10.0
     snapshot_timeout_s: float = 60.0  # a snapshot not acknowledged by then fails, counted in /stats
     # how fetched events reach the index: "batch" (a partition's fetched run per call,
-    # processors/batchdelivery.py) or "message" (one at a time through Faust's stream; the fallback)
+    # processors/core/batchdelivery.py) or "message" (one at a time through Faust's stream; the fallback)
     processor_delivery: Literal["batch", "message"] = "batch"
 
     # analytics app (`kvpipe analytics`): its own Faust app and consumer group on the events topic
@@ -122,12 +122,12 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     http_max_json_depth: int = 32
     http_read_timeout_s: float = 10.0
 
-    # router (/route, /route/sent, /route/finished: processors/router/, processors/routeapi.py)
+    # router (/route, /route/sent, /route/finished: processors/router/, processors/router/serving.py)
     route_inflight_ttl_s: float = 30.0  # a sent request's speculative blocks and load last this long at most
     route_inflight_max_requests: int = 100_000  # in-flight records per worker; the oldest go first
     route_inflight_max_entries: int = 2_000_000  # speculative (node, group, hash) entries per worker
     route_stale_after_s: float = 15.0  # a node silent longer than this ranks after live ones ("stale")
-    # the native route server (processors/routeserve.py): POST /route answered on `route_threads` native
+    # the native route server (processors/routing/routeserve.py): POST /route answered on `route_threads` native
     # threads beside ingest, everything else passed to this app's web port; 0 = off
     route_port: int = 0
     route_threads: int = 0  # 0: one per core this process may run on
@@ -137,7 +137,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the hit search: "native" (native/, built by infra/scripts/venv.sh; the Python one when it is not
     # importable) or "python" (gpu/hit.py, the reference): equal answers, the native one is faster
     route_search_engine: Literal["native", "python"] = "native"
-    # where the index keeps its blocks (processors/slots.py): "native" (native/; the dict reference
+    # where the index keeps its blocks (processors/core/slots.py): "native" (native/; the dict reference
     # when it is not importable) or "python" (the reference): equal answers, native is smaller and faster
     index_store: Literal["native", "python"] = "native"
 
@@ -245,7 +245,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def kafka_aiokafka_kwargs(self) -> dict[str, Any]:
         """aiokafka client keyword arguments for the security settings. OAUTHBEARER needs a token
-        provider object, which kvpipe.processors.kafkaconf adds (schemas stays free of client libraries)."""
+        provider object, which kvpipe.processors.core.kafkaconf adds (schemas stays free of client libraries)."""
         kwargs: dict[str, Any] = {"security_protocol": self.kafka_security_protocol}
         mechanism = self.kafka_mechanism()
         if mechanism:

@@ -50,8 +50,8 @@ import msgspec
 from kvpipe.processors.analytics.rows import EVENT_COLUMNS, LIFETIME_COLUMNS, event_columns, event_rows, group_kinds_of, \
     lifetime_columns, number_copies
 from kvpipe.bench.ingest import _create_topics, _delete_topics, _prefill, _raw_consume, make_envelopes
-from kvpipe.processors.index import APPLIED, Index
-from kvpipe.processors.ingest import Ingest
+from kvpipe.processors.core.index import APPLIED, Index
+from kvpipe.processors.core.ingest import Ingest
 from kvpipe.bench.procrun import ProcessorProcess, free_port
 from kvpipe.schemas.cliopts import Command, run as run_command
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
@@ -109,9 +109,9 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
     inserts in the sink's batch size. Seconds (migrations excluded) and re-store rows written."""
     import clickhouse_connect
 
-    from kvpipe.processors.analytics import lifecols
+    from kvpipe.processors.core import lifetimes as lifecols
     from kvpipe.processors.analytics.derive import GC_THRESHOLDS, message_rows
-    from kvpipe.processors.analytics.lifecols import LifetimeColumns
+    from kvpipe.processors.core.lifetimes import LifetimeColumns
     from kvpipe.processors.analytics.migrations import apply_migrations
     from kvpipe.processors.analytics.restores import RESTORE_COLUMNS, RestoreTracker, restore_columns
     from kvpipe.processors.analytics.rows import LOAD_COLUMNS, EventColumns, load_columns

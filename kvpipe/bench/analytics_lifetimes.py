@@ -17,13 +17,13 @@ from typing import Any
 import msgspec
 
 from kvpipe.bench.workload import serving_steps
-from kvpipe.processors.analytics import lifecols
+from kvpipe.processors.core import lifetimes as lifecols
 from kvpipe.processors.analytics.derive import GC_THRESHOLDS, message_rows
-from kvpipe.processors.analytics.lifecols import LifetimeColumns
+from kvpipe.processors.core.lifetimes import LifetimeColumns
 from kvpipe.processors.analytics.restores import RestoreTracker
 from kvpipe.processors.analytics.rows import EventColumns, lifetime_columns, number_copies
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import Ingest
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import Ingest
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 
 MODES = ("rows", "columns")

@@ -123,7 +123,6 @@ def bridge_bench(**params: Any) -> dict:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     settings = load_settings(overrides={"kafka_bootstrap": args.bootstrap})
-    bootstrap = settings.bootstrap()
     admin = AdminClient(settings.kafka_confluent_config())
     topic = f"bench-bridge-{uuid.uuid4().hex[:10]}"
     for f in admin.create_topics([NewTopic(topic, 1, 1), NewTopic(topic + "-dlq", 1, 1)]).values():

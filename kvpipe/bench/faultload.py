@@ -3,7 +3,7 @@
 publish through the real Publisher while timing every `publish()` call, and an exact check of the
 index (and the analytics rows) against what the nodes published.
 
-The truth is computed here, independently of processors/index.py: node i's step k stores one
+The truth is computed here, independently of processors/core/index.py: node i's step k stores one
 new hash, and every fourth step removes the hash stored two steps before. So after the run each
 node holds a known set of hashes, and "lost = 0" is checked exactly: the index holds every one
 of them for that node (one `/route` with the whole list answers a prefix of its full length) and
@@ -261,7 +261,7 @@ def _sample_ingest(url: str, headers: dict, bootstrap: str, topic: str, partitio
     """IngestPauses' sampler (a child process): `monotonic applied published` lines into `path`."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from kvpipe.processors.remote import ok_json
+    from kvpipe.processors.core.remote import ok_json
 
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     broker = Consumer({**load_settings().kafka_confluent_security(), "bootstrap.servers": bootstrap, "group.id": "unused"})

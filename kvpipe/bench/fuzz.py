@@ -22,10 +22,10 @@ from typing import Any, Callable, Iterator
 import click
 import msgspec
 
-from kvpipe.processors.index import APPLIED, DUPLICATE, REFUSED, STALE, Index
-from kvpipe.processors.ingest import DLQ, Ingest
-from kvpipe.processors.slots import key_of
-from kvpipe.processors.snapshot import decode_chunk, export_partition, import_chunks
+from kvpipe.processors.core.index import APPLIED, DUPLICATE, REFUSED, STALE, Index
+from kvpipe.processors.core.ingest import DLQ, Ingest
+from kvpipe.processors.core.slots import key_of
+from kvpipe.processors.core.snapshot import decode_chunk, export_partition, import_chunks
 from kvpipe.schemas.cliopts import Command, run as run_command
 from kvpipe.schemas.codec import ERROR_KINDS, KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import HEADER_CONTENT_TYPE, HEADER_VERSION, SCHEMA_MAJOR, Envelope, GroupSpec
@@ -355,7 +355,7 @@ def node_flood(ids: int, max_nodes: int = 100_000, page: int = 1000) -> dict:
     """Probe 4: `ids` node ids sending one heartbeat each (then one 2,000,000-hash store from one
     id) into an index with the default caps; what is tracked, refused, and what a page of
     `/nodes` and a snapshot of the partition cost."""
-    from kvpipe.processors.api import node_rows
+    from kvpipe.processors.routing.api import node_rows
 
     rss0 = _rss_bytes()
     index = Index(ttl_s=TTL_S, retention_s=3600.0, max_nodes=max_nodes, max_blocks_per_slot=1_000_000,

@@ -6,9 +6,9 @@ delivery mode, so every mode starts from the same backlog):
 - pure path: `Ingest.handle` (check headers, decode, validate, `Index.apply`) over the same bytes,
   in this process, no Kafka, one call per record; then `Ingest.handle_batch` over the same records
   in per-partition slices as batched delivery hands them over, with the reference (one `handle`
-  per record) and with native runs (kvpipe.processors.ingestrun), each on a fresh index;
+  per record) and with native runs (kvpipe.processors.core.ingestrun), each on a fresh index;
 - agent, per delivery mode (`--delivery`, default `message,batch`: before and after batched
-  delivery, kvpipe.processors.batchdelivery): a real `kvpipe processor` child consuming its topic from
+  delivery, kvpipe.processors.core.batchdelivery): a real `kvpipe processor` child consuming its topic from
   offset 0, rate taken from its /stats counters between the first and the last sample that saw
   progress (startup excluded); its index must equal the pure path's;
 - freshness, per mode: publish one envelope with a new block and poll /route until it shows, one
@@ -32,8 +32,8 @@ from typing import Any
 import click
 
 from kvpipe.bench.ingest_load import EnvelopeSource, Probes, paced_freshness, summary
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import Ingest
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import Ingest
 from kvpipe.bench.procrun import ProcessorProcess, free_port
 from kvpipe.schemas.cliopts import Command, run as run_command
 from kvpipe.schemas.codec import KAFKA_HEADERS
@@ -49,7 +49,7 @@ def make_envelopes(n: int, events_per: int, nodes: int, seed_ts: float) -> list[
 
 def _security() -> dict:
     """TLS/SASL keyword arguments from the settings (docs/security.md): a secured cluster benches too."""
-    from kvpipe.processors.kafkaconf import aiokafka_kwargs
+    from kvpipe.processors.core.kafkaconf import aiokafka_kwargs
 
     return aiokafka_kwargs(load_settings())
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvpipe.processors.remote import ok_json, post_json
+from kvpipe.processors.core.remote import ok_json, post_json
 
 REPO = Path(__file__).resolve().parents[2]
 

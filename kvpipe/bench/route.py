@@ -26,8 +26,8 @@ import msgspec
 
 from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
 from kvpipe.gpu.hit import ViewCache, sliding_blocks_needed
-from kvpipe.processors import slots
-from kvpipe.processors.index import Index
+from kvpipe.processors.core import slots
+from kvpipe.processors.core.index import Index
 from kvpipe.bench import snapshot as snapshot_bench
 from kvpipe.bench.route_dynamo import MISSING as DYNAMO_MISSING
 from kvpipe.bench.route_dynamo import build as build_dynamo

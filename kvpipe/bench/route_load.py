@@ -625,7 +625,7 @@ def _warm(rig: _Rig) -> None:
 def _check_bodies(url: str, headers: dict[str, str], bodies: list[tuple[str, list[int]]]) -> dict[str, Any]:
     """Each body once at `url` (it must answer 200; the first may wait 30 s for the server to
     listen): the best hit per kind, for the report."""
-    from kvpipe.processors.remote import post_json
+    from kvpipe.processors.core.remote import post_json
 
     hits: dict[str, list[int]] = {}
     deadline = time.monotonic() + 30

@@ -1,6 +1,6 @@
 """Snapshot export and import of one partition of an index, timed per path (`kvpipe bench route
 --snapshots` runs it on the bench fleet): on the native store, slot records written and read by the
-extension (native/src/snapshot.rs) and the Python walk of `kvpipe.processors.snapshot` (the
+extension (native/src/snapshot.rs) and the Python walk of `kvpipe.processors.core.snapshot` (the
 reference) side by side; on the dict store, the Python walk alone. Every path restores into a
 fresh index of the same store, which must end with the source's entries, and the two writers must
 produce the same bytes.
@@ -11,8 +11,8 @@ import gc
 import time
 from typing import Any
 
-from kvpipe.processors.index import Index
-from kvpipe.processors.snapshot import decode_chunk, export_partition, import_chunks, native_snapshots_available
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.snapshot import decode_chunk, export_partition, import_chunks, native_snapshots_available
 
 
 def times(index: Index, partition: int = 0) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import msgspec
 
 from kvpipe.processors.analytics.restores import RestoreTracker, refine_reasons
 from kvpipe.processors.analytics.rows import event_rows, load_row
-from kvpipe.processors.index import APPLIED, Index
+from kvpipe.processors.core.index import APPLIED, Index
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
 from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 

@@ -99,7 +99,7 @@ fn int(rd: &mut Rd) -> Option<i128> {
     })
 }
 
-/// Any msgpack int as its 64-bit two's complement form (`processors/slots.py: key_of`).
+/// Any msgpack int as its 64-bit two's complement form (`processors/core/slots.py: key_of`).
 #[inline]
 pub(crate) fn int_u64(rd: &mut Rd) -> Option<u64> {
     int(rd).map(|v| v as u64)

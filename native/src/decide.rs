@@ -542,7 +542,7 @@ fn write_row(o: &mut String, plan: &Plan, l: &Live, r: &Row, now: f64) {
     o.push_str("}}");
 }
 
-/// `processors/slots.py: NativeStore.media_names`: GPU first, then the others by name, "?" for
+/// `processors/core/slots.py: NativeStore.media_names`: GPU first, then the others by name, "?" for
 /// blocks on no medium known, "none" for none.
 fn media_names(plan: &Plan, mask: u64) -> String {
     let mut names: Vec<&str> = Vec::new();

@@ -1,5 +1,5 @@
 //! kvpipe's envelope (`schemas/envelope.py: Envelope`, a msgpack map with field names) read
-//! straight from bytes, for the ingest run (`processors/ingestrun.py`): the fields the index's
+//! straight from bytes, for the ingest run (`processors/core/ingestrun.py`): the fields the index's
 //! common case reads, with the embedded vLLM batch read in place by `batch::parse_into`.
 //!
 //! Like the batch reader, this accepts a strict subset of what `schemas/codec.py:
@@ -8,7 +8,7 @@
 //! unknown or repeated keys, `v` equal to the schema major version, nothing after the map. An
 //! envelope outside that subset, or one the common case does not cover (group specs, a hash
 //! configuration, dropped events, lost batches), returns `None`: the caller hands the record to the
-//! reference path (`processors/ingest.py: Ingest.handle`), which applies it or says precisely what
+//! reference path (`processors/core/ingest.py: Ingest.handle`), which applies it or says precisely what
 //! is wrong, so outcomes and DLQ reasons stay the reference's.
 
 use crate::batch::{self, Parsed, Rd};

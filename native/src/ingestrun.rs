@@ -1,9 +1,9 @@
 //! The ingest run: a partition's Kafka records handled in one call while each is the common case
-//! of `processors/ingest.py: Ingest.handle` (see `processors/ingestrun.py`, which owns the rules'
+//! of `processors/core/ingest.py: Ingest.handle` (see `processors/core/ingestrun.py`, which owns the rules'
 //! description and applies the summary this returns to the Python state).
 //!
 //! Per record: the offset against the partition's last applied one, the headers, the envelope
-//! (`envelope::decode`, its batch read in place), then the rules of `processors/index.py:
+//! (`envelope::decode`, its batch read in place), then the rules of `processors/core/index.py:
 //! Index.apply` for a known node in the same epoch at the next seq, every event a store or remove
 //! into a slot the node has; the blocks go straight into the store. The first record outside that
 //! (or any doubt) stops the run *before* anything of it is applied; the caller runs it through

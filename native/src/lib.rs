@@ -1,9 +1,9 @@
 //! `kvpipe_native`: kvpipe's native index core, one extension module.
 //!
 //! - `store` (Python face `pystore::IndexStore`): the routing index's blocks per slot and the
-//!   inverted view per group, for `processors/slots.py`;
+//!   inverted view per group, for `processors/core/slots.py`;
 //! - `batch`, `envelope`, `ingestrun`: vLLM's msgpack batch and our envelope read from bytes, and a
-//!   partition's run of common-case records applied in one call (`processors/ingestrun.py`);
+//!   partition's run of common-case records applied in one call (`processors/core/ingestrun.py`);
 //! - `snapshot`: a slot's snapshot record written and read as msgspec's bytes;
 //! - `hit` (Python face `pyhit::HitEngine`): vLLM's hybrid hit on held positions, and `route`: every
 //!   node of a cohort searched from the store in one call (`processors/router/cohort.py`);
@@ -11,7 +11,7 @@
 //! - `decide` (Python face `pyroute::NativeRouter`): the route decision of the common request without
 //!   Python, from a plan `processors/router/native.py` exports; `serve` (Python face
 //!   `pyserve::RouteServer`): the HTTP server that runs it on threads of its own
-//!   (`processors/routeserve.py`), passing everything else to the Python app.
+//!   (`processors/routing/routeserve.py`), passing everything else to the Python app.
 //!
 //! Python owns the API, the errors and the layout rules (`gpu/layout.py`, `gpu/hit.py`); each part
 //! has a Python reference that a property test holds it equal to.

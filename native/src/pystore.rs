@@ -1,5 +1,5 @@
 //! The index's block store's Python face (`kvpipe_native.IndexStore`, `kvpipe_native.MemberTable`):
-//! `processors/slots.py` drives it; the storage itself is `store::Store`.
+//! `processors/core/slots.py` drives it; the storage itself is `store::Store`.
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -10,7 +10,7 @@ use pyo3::types::{PyAny, PyBytes, PyDict, PyList, PySet};
 use crate::pyhit::HitEngine;
 use crate::{batch, err, key_of, keys_of, route, snapshot, store, with_buffer, Batch};
 
-/// The index's per-block storage (`store::Store`) for `processors/index.py`: slots by id, blocks
+/// The index's per-block storage (`store::Store`) for `processors/core/index.py`: slots by id, blocks
 /// by 64-bit key. Hash arguments are ints or bytes (vLLM's external forms), read with `key_of`.
 ///
 /// The storage sits behind a reader-writer lock shared with the native route server's threads

@@ -4,9 +4,9 @@
 //! The Python app serves every route on one event loop; this server exists so that route traffic
 //! can scale with cores. It mirrors the app's edge rules so that a router can talk to either port
 //! and see the same answers:
-//! - bearer token on every path but `/health` and `/openapi.json` (`processors/webauth.py`), with
+//! - bearer token on every path but `/health` and `/openapi.json` (`processors/core/webauth.py`), with
 //!   the same 401 bodies and `WWW-Authenticate: Bearer`;
-//! - a body capped in size (413) and in time (408), with `processors/httpbody.py`'s messages;
+//! - a body capped in size (413) and in time (408), with `processors/core/httpbody.py`'s messages;
 //! - errors as JSON `{"error": ..., "detail": ...}` written the way Python's `json.dumps` writes
 //!   them.
 //!
@@ -370,7 +370,7 @@ type UpBody = Either<Full<Bytes>, Incoming>;
 /// Bodies answered: the server's own, or the upstream's streamed.
 type DownBody = Either<Full<Bytes>, Incoming>;
 
-/// Paths open without the token (`processors/webauth.py: OPEN_PATHS`).
+/// Paths open without the token (`processors/core/webauth.py: OPEN_PATHS`).
 const OPEN_PATHS: [&str; 2] = ["/health", "/openapi.json"];
 const HEALTH_BODY: &[u8] = br#"{"status": "ok", "server": "native"}"#;
 
@@ -460,7 +460,7 @@ async fn dispatch(shared: &Shared, req: Request<Incoming>) -> (Outcome, Response
     forward(shared, req.map(Either::Right), false).await
 }
 
-/// `processors/webauth.py: bearer_ok`: scheme `Bearer` in any case, then the value stripped of
+/// `processors/core/webauth.py: bearer_ok`: scheme `Bearer` in any case, then the value stripped of
 /// whitespace, compared in constant time (through digests, so its length leaks nothing either).
 fn bearer_ok(header: Option<&[u8]>, token_digest: &[u8; 32]) -> bool {
     let Some(header) = header else { return false };

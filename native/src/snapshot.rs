@@ -1,4 +1,4 @@
-//! A slot's snapshot record (`processors/snapshot.py: SlotSnap`) written straight from the store and
+//! A slot's snapshot record (`processors/core/snapshot.py: SlotSnap`) written straight from the store and
 //! read straight back into it, so a snapshot of a million entries makes no Python object per entry.
 //!
 //! The bytes are the ones msgspec writes for the same `SlotSnap` (an array-like struct: `[group,
@@ -10,7 +10,7 @@
 use crate::store::Store;
 use std::collections::HashMap;
 
-/// Bytes an entry costs in `processors/snapshot.py`'s chunk sizing (a 64-bit hash and a float64,
+/// Bytes an entry costs in `processors/core/snapshot.py`'s chunk sizing (a 64-bit hash and a float64,
 /// each with its marker): the caller cuts slots into pieces with it.
 pub const ENTRY_BYTES: usize = 18;
 
@@ -196,7 +196,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A block hash as its 64-bit key: an int masked to 64 bits, bytes by their last 8 bytes
-    /// big-endian (`processors/slots.py: key_of`).
+    /// big-endian (`processors/core/slots.py: key_of`).
     fn hash(&mut self) -> Result<u64, String> {
         let m = self.byte("a hash")?;
         if let Some(v) = self.int_after(m, "a hash")? {
@@ -375,7 +375,7 @@ pub fn read_slot(data: &[u8], keep: bool) -> Result<SlotRecord, String> {
             if c > u32::MAX as i128 {
                 return Err(rd.fail(&format!("{c} extra copies of one block")));
             }
-            // none or fewer mean no extra copy (`processors/slots.py: NativeStore.load`)
+            // none or fewer mean no extra copy (`processors/core/slots.py: NativeStore.load`)
             if keep && c > 0 {
                 out.extra.push((k, c as u32));
             }

@@ -1,7 +1,7 @@
 //! The index's block storage: which slot (one node's group on one medium) holds which block, with
 //! the store time of its first copy and the count of extra copies, plus the inverted view per group
 //! (block → slots) that routes read. The rules around it (epochs, sequence numbers, expiry, caps,
-//! lifetimes' reasons) stay in `processors/index.py`; this holds the per-block state, which is
+//! lifetimes' reasons) stay in `processors/core/index.py`; this holds the per-block state, which is
 //! what costs memory and time at a million entries.
 //!
 //! Layout, chosen for memory (each line is per (block × holder) entry unless said):
@@ -246,7 +246,7 @@ impl Store {
 
     /// Store `keys` at `ts`. With a `cap` (blocks per slot) that the store would pass, only the
     /// keys it holds already plus new ones while there is room are kept, judged on the slot
-    /// before this call (as `processors/index.py: Index._within_cap`). Returns (kept, refused).
+    /// before this call (as `processors/core/index.py: Index._within_cap`). Returns (kept, refused).
     pub fn store(
         &mut self,
         id: u32,

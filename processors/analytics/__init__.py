@@ -11,7 +11,8 @@ matplotlib plots (`report`), the Grafana dashboard generator (`grafana`). The de
 tests and benchmarks is `kvpipe.bench.workload`.
 
 May import: schemas, clickhouse-connect (chDB through its `chdb://` DSN), msgspec, matplotlib
-(`report`, lazily), the standard library. It reads infra/clickhouse's SQL files by path, never imports infra code. The rest of
-processors/ uses `rows` and `lifecols` (the pure index builds `LifetimeRow`s or `LifetimeColumns`); the routing app imports nothing else
-from here, and the analytics app never imports the routing app (`kvpipe.processors.app`).
+(`report`, lazily), the standard library. It reads infra/clickhouse's SQL files by path, never imports infra code. It builds on the
+shared core (`kvpipe.processors.core`: the index, ingest, the lifetime row types); nothing else in
+processors/ imports from here, and the analytics app never imports the routing app
+(`kvpipe.processors.routing`).
 """

@@ -15,13 +15,13 @@ import gc
 import logging
 import time
 
-from kvpipe.processors import rebalance
+from kvpipe.processors.core import rebalance
 from kvpipe.processors.analytics import derive, restore_state
 from kvpipe.processors.analytics.app import app, events_topic, settings
 from kvpipe.processors.analytics.derive import message_rows
 from kvpipe.processors.analytics.state import runtime
-from kvpipe.processors.durability import SnapshotProducer
-from kvpipe.processors.ingest import Result
+from kvpipe.processors.core.durability import SnapshotProducer
+from kvpipe.processors.core.ingest import Result
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ async def derive_rows(stream) -> None:
             if stale_after_wait(msg.partition, msg.offset):
                 continue
         try:
-            # timestamp_type 1 = LogAppendTime: the broker's clock bounds node timestamps (processors/ingest.py)
+            # timestamp_type 1 = LogAppendTime: the broker's clock bounds node timestamps (processors/core/ingest.py)
             record_ts = msg.timestamp if msg.timestamp_type == 1 else None
             result = runtime.ingest.handle(msg.value, msg.headers, msg.partition, msg.offset, time.time(), record_ts)
             submit(result, msg.partition, msg.offset)
@@ -138,7 +138,7 @@ class StoreBehind(RuntimeError):
 
 # The snapshot topic's own producer, not the app's: Faust flushes the app's producer before every offset commit
 # and the consumer waits for commits, so records stuck for a leaderless snapshot partition (a full log dir) would
-# stop consumption (processors/durability.py: SnapshotProducer; RELIABILITY.md section 9).
+# stop consumption (processors/core/durability.py: SnapshotProducer; RELIABILITY.md section 9).
 snapshot_producer = SnapshotProducer(settings.bootstrap(), settings.analytics_snapshot_topic, settings.snapshot_timeout_s,
                                      max(settings.max_message_bytes, 2 * 1024 * 1024))
 

@@ -1,20 +1,20 @@
 """The analytics app: a second Faust app, in its own consumer group, on the events topic.
 
-It runs the same pure index code as the routing app (`kvpipe.processors.ingest`, `kvpipe.processors.index`) to
+It runs the same pure index code as the routing app (`kvpipe.processors.core.ingest`, `kvpipe.processors.core.index`) to
 derive event rows and block lifetimes, and writes them to ClickHouse through `AnalyticsSink`. It
 shares no process, no consumer group and no progress with the routing app: a slow or failing
 store makes this app lag, never the index stall or drop (docs/architecture.md §1).
 
 Reading order: app (this module, with the topics) → state → agents → views. Settings are read
 once, here, at import (the CLI puts its flags into the `KVPIPE_*` environment first). Nothing here
-imports `kvpipe.processors.app` (the routing app): the two apps never share a Faust app object.
+imports `kvpipe.processors.routing.app` (the routing app): the two apps never share a Faust app object.
 """
 from __future__ import annotations
 
 import faust
 
-from kvpipe.processors import fastpath, webauth
-from kvpipe.processors.kafkaconf import faust_broker_kwargs
+from kvpipe.processors.core import fastpath, webauth
+from kvpipe.processors.core.kafkaconf import faust_broker_kwargs
 from kvpipe.schemas.settings import load_settings
 
 settings = load_settings()
@@ -31,7 +31,7 @@ MAX_STALL_S = 7 * 24 * 3600.0
 app = faust.App(
     settings.analytics_id,
     broker=f"kafka://{settings.bootstrap()}",
-    store="memory://",  # progress is snapshots of our own index (kvpipe.processors.durability), not tables
+    store="memory://",  # progress is snapshots of our own index (kvpipe.processors.core.durability), not tables
     datadir=str(settings.state_path("analytics-app", settings.analytics_id)),
     web_host=settings.web_host,
     web_bind=settings.web_host,
@@ -62,6 +62,6 @@ fastpath.install(app)
 events_topic = app.topic(settings.events_topic, key_type=bytes, value_type=bytes,
                          key_serializer="raw", value_serializer="raw")
 
-# Compacted; this app's own index snapshots, one manifest key per events partition (`kvpipe.processors.snapshot`).
+# Compacted; this app's own index snapshots, one manifest key per events partition (`kvpipe.processors.core.snapshot`).
 snapshot_topic = app.topic(settings.analytics_snapshot_topic, key_type=bytes, value_type=bytes,
                            key_serializer="raw", value_serializer="raw")

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from kvpipe.processors.appcli import worker_settings
+from kvpipe.processors.core.appcli import worker_settings
 from kvpipe.schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, json_option, log_level_option
 from kvpipe.schemas.settings import SettingsError, load_settings
 
@@ -157,7 +157,7 @@ def print_result(result: dict, fmt: str) -> None:
         out.writerow(result.get("columns", []))
         out.writerows([["" if v is None else v for v in row] for row in result.get("rows", [])])
     else:
-        from kvpipe.processors.texttable import render
+        from kvpipe.processors.core.texttable import render
 
         rows = result.get("rows", [])
         print(render(result.get("columns", []), rows, style="markdown" if fmt == "markdown" else "text"))
@@ -242,6 +242,6 @@ def _sql_target(dsn: str, url: str | None) -> tuple[Any, Any]:
             return run_checked(run, sql, params, limits, dsn)
 
         return query, client.close
-    from kvpipe.processors.remote import ProcessorSql
+    from kvpipe.processors.core.remote import ProcessorSql
 
     return ProcessorSql(_analytics_url(url)), lambda: None

@@ -3,12 +3,12 @@ result, the index and the re-store tracker, so the agent (`agents.submit`) and t
 in-process baseline (`kvpipe.bench.analytics.pipeline_insert`) run the same code."""
 from __future__ import annotations
 
-from kvpipe.processors.analytics import lifecols
-from kvpipe.processors.analytics.lifecols import LifetimeColumns
+from kvpipe.processors.core import lifetimes as lifecols
+from kvpipe.processors.core.lifetimes import LifetimeColumns
 from kvpipe.processors.analytics.restores import RestoreTracker, refine_reason_columns, refine_reasons
 from kvpipe.processors.analytics.rows import EventColumns, event_columns_of, group_kinds_of, load_row
-from kvpipe.processors.index import APPLIED, Index
-from kvpipe.processors.ingest import Result
+from kvpipe.processors.core.index import APPLIED, Index
+from kvpipe.processors.core.ingest import Result
 
 # Cyclic GC, measured in the worker during `kvpipe bench analytics` (BENCHMARKS.md, analytics): with
 # the default thresholds ~1,100 young and 9 full collections per 12k-message backlog took ~1.2 s

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from kvpipe.processors.analytics.sqlguard import split_statements
+from kvpipe.processors.analytics.ddltext import split_statements
 
 log = logging.getLogger(__name__)
 

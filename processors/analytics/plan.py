@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from kvpipe.processors.analytics.restores import CAPACITY_METHOD
 from kvpipe.processors.analytics.saved import run_query
-from kvpipe.processors.texttable import render as table
+from kvpipe.processors.core.texttable import render as table
 
 POINT_FIELDS = ("extra_fraction", "extra_blocks", "cache_blocks", "hits", "hit_fraction", "tokens_saved")
 

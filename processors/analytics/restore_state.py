@@ -6,7 +6,7 @@ worker that restarts, or gets a partition in a rebalance, restores the index fro
 replays from its offset X; with an empty tracker, a block evicted before X and stored again after it would not
 be a re-store at all.
 
-Why rebuilt from ClickHouse rather than carried in the snapshots (processors/snapshot.py):
+Why rebuilt from ClickHouse rather than carried in the snapshots (processors/core/snapshot.py):
 - Exact for free. Everything the tracker knows at offset X is a function of the partition's rows up to X (the
   stores in `kv_events`, the ends in `kv_block_lifetimes`), and a snapshot claims X only after the store
   acknowledged every row up to it (processors/analytics/agents.py). So the rows `kafka_offset <= X` are all
@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from kvpipe.processors.analytics.restores import RestoreTracker, Slot, SlotKey
 from kvpipe.processors.analytics.stackdist import StackDistance
-from kvpipe.processors.index import GPU, Index
+from kvpipe.processors.core.index import GPU, Index
 
 # Positions order the stores and ends of one node like the live tracker saw them: Kafka offset, then event index,
 # then the hash's index in the event, packed in one Int128 (offset * 2^56 + event * 2^32 + hash; a message holds

@@ -23,8 +23,8 @@ from typing import Iterable, Mapping
 
 import msgspec
 
-from kvpipe.processors.analytics.lifecols import LifetimeColumns
-from kvpipe.processors.analytics.rows import REASON_CLEARED, LifetimeRow, hash_to_u64
+from kvpipe.processors.core.lifetimes import LifetimeColumns
+from kvpipe.processors.core.lifetimes import REASON_CLEARED, LifetimeRow, hash_to_u64
 from kvpipe.processors.analytics.stackdist import StackDistance
 from kvpipe.schemas.envelope import Envelope
 from kvpipe.schemas.events import BlockStored, Event

@@ -2,7 +2,7 @@
 
 Pure functions, no I/O. `event_rows` maps one envelope's events to `EventRow`s, `load_row` its load
 report to a `LoadRow`; the processor builds `LifetimeRow`s itself (it owns the index that knows when
-each block was stored), or the same values as columns (`lifecols`, the analytics app's path). The sink turns rows into columns with `event_columns` / `lifetime_columns` /
+each block was stored), or the same values as columns (`kvpipe.processors.core.lifetimes`, the analytics app's path). The sink turns rows into columns with `event_columns` / `lifetime_columns` /
 `load_columns`.
 
 Identity: every row carries the Kafka coordinates `(partition, offset, idx)` of the message and
@@ -19,30 +19,12 @@ from typing import Mapping
 import msgspec
 
 from kvpipe.schemas.envelope import Envelope
-from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, ExternalHash
-
-U64_MASK = (1 << 64) - 1
-U32_MASK = (1 << 32) - 1
+from kvpipe.processors.core.lifetimes import U32_MASK, U64_MASK, LifetimeRow, hash_to_u64
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 
 KIND_STORED = "stored"
 KIND_REMOVED = "removed"
 KIND_CLEARED = "cleared"
-
-REASON_EVICTED = "evicted"
-REASON_CLEARED = "cleared"
-REASON_NODE_EXPIRED = "node_expired"
-
-
-def hash_to_u64(h: ExternalHash) -> int:
-    """A vLLM block hash as ClickHouse UInt64.
-
-    Ints are vLLM's external form already (last 8 digest bytes, big-endian); masking keeps a
-    stray negative or wider int in range instead of failing the whole insert. Bytes get vLLM's own
-    conversion (`maybe_convert_block_hash`): the last 8 bytes, big-endian.
-    """
-    if isinstance(h, int):
-        return h & U64_MASK
-    return int.from_bytes(h[-8:], "big")
 
 
 class EventRow(msgspec.Struct, gc=False):
@@ -66,30 +48,6 @@ class EventRow(msgspec.Struct, gc=False):
     partition: int
     offset: int
     idx: int  # index of the event within the message
-
-
-class LifetimeRow(msgspec.Struct, gc=False):
-    """One block lifetime on one node, group and medium: stored → removed.
-
-    `(partition, offset, idx)` are the coordinates of the event that ended the lifetime (for
-    `node_expired`, whatever deterministic message the processor attributes the expiry to); with
-    `block_hash` they identify the row, since one AllBlocksCleared ends many lifetimes.
-    """
-
-    node_id: str
-    epoch: int
-    group_idx: int
-    medium: str
-    block_hash: int  # u64
-    stored_ts: float
-    removed_ts: float
-    reason: str  # REASON_EVICTED | REASON_CLEARED | REASON_NODE_EXPIRED
-    partition: int
-    offset: int
-    idx: int  # -1: ended before the message's events (a new epoch's clear, a node expiry); see lifetime_columns
-    copy_idx: int = 0  # set by the sink (number_copies); see there
-    group_kind: str = ""  # the group's spec kind, set by the analytics app from the node's specs
-    end_reason: str = ""  # `reason` refined by the analytics app (restores.refine_reasons); "" = same as reason
 
 
 class LoadRow(msgspec.Struct, gc=False):

@@ -47,8 +47,8 @@ from typing import Any, Callable
 
 import clickhouse_connect
 
-from kvpipe.processors.analytics import lifecols
-from kvpipe.processors.analytics.lifecols import LifetimeColumns
+from kvpipe.processors.core import lifetimes as lifecols
+from kvpipe.processors.core.lifetimes import LifetimeColumns
 from kvpipe.processors.analytics.migrations import apply_migrations
 from kvpipe.processors.analytics.rows import (
     EVENT_COLUMNS,
@@ -61,7 +61,8 @@ from kvpipe.processors.analytics.rows import (
 )
 from kvpipe.processors.analytics.restores import RESTORE_COLUMNS, restore_columns
 from kvpipe.processors.analytics.query import bind_values, engine_query
-from kvpipe.processors.analytics.sqlguard import checked_sql, first_keyword
+from kvpipe.processors.analytics.ddltext import first_keyword
+from kvpipe.processors.analytics.sqlguard import checked_sql
 
 log = logging.getLogger(__name__)
 

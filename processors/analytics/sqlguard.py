@@ -29,8 +29,7 @@ Parameters: the placeholders the checked tree holds are returned with the text (
 exactly those in the engine and refuses any other parameter (query.py: `bind_values`, `engine_query`). A
 `{name:Type}` inside a string literal is text, not a placeholder, and is not returned.
 
-`split_statements` / `first_keyword` below are *not* part of the gate: they split kvpipe's own trusted migration
-files and stay for the code that does that.
+Splitting kvpipe's own trusted migration files is not part of the gate: `ddltext` does that.
 """
 from __future__ import annotations
 
@@ -42,6 +41,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
+from kvpipe.processors.analytics.migrations import _BOOTSTRAP, load_migrations
 from kvpipe.processors.analytics.sqlfunctions import AGGREGATE_FUNCTIONS, ALLOWED_FUNCTIONS
 
 DIALECT = "clickhouse"
@@ -100,7 +100,6 @@ class SqlSyntaxError(ValueError):
 @functools.lru_cache(maxsize=1)
 def allowed_tables() -> frozenset[str]:
     """Names of the tables and views kvpipe's migrations create, parsed from their DDL."""
-    from kvpipe.processors.analytics.migrations import _BOOTSTRAP, load_migrations  # migrations imports this module
 
     names: set[str] = set()
     # The bookkeeping table the migration runner creates is kvpipe's too (which versions a store has applied).
@@ -420,51 +419,3 @@ def _parse_reason(exc: Exception) -> str:
         first = errors[0]
         return f"{first.get('description')} at line {first.get('line')}, column {first.get('col')}"
     return re.sub(r"\x1b\[[0-9;]*m", "", str(exc))[:200]
-
-
-# --- trusted DDL splitting (migrations) -----------------------------------------------------------------------------
-
-def mask(sql: str) -> str:
-    """`sql` with string/identifier contents and comments blanked out, same length (for splitting DDL files)."""
-    out = list(sql)
-    i, n = 0, len(sql)
-    while i < n:
-        c = sql[i]
-        if c in "'\"`":
-            j = i + 1
-            while j < n and sql[j] != c:
-                j += 2 if sql[j] == "\\" else 1
-            for k in range(i + 1, min(j, n)):
-                out[k] = " "
-            i = j + 1
-        elif sql.startswith("--", i) or c == "#":
-            j = sql.find("\n", i)
-            j = n if j < 0 else j
-            out[i:j] = " " * (j - i)
-            i = j
-        elif sql.startswith("/*", i):
-            j = sql.find("*/", i + 2)
-            j = n if j < 0 else j + 2
-            out[i:j] = " " * (j - i)
-            i = j
-        else:
-            i += 1
-    return "".join(out)
-
-
-def split_statements(sql: str) -> list[str]:
-    """Statements of a trusted migration file separated by `;` outside literals and comments."""
-    masked = mask(sql)
-    parts, start = [], 0
-    for pos, ch in enumerate(masked):
-        if ch == ";":
-            parts.append((start, pos))
-            start = pos + 1
-    parts.append((start, len(sql)))
-    return [sql[a:b].strip() for a, b in parts if masked[a:b].strip()]
-
-
-def first_keyword(sql: str) -> str:
-    """The statement's first keyword, upper case, skipping comments ("" if none)."""
-    found = re.search(r"[A-Za-z_]+", mask(sql))
-    return found.group(0).upper() if found else ""

@@ -9,14 +9,14 @@ from kvpipe.processors.analytics.app import settings
 from kvpipe.processors.analytics.query import AnalystQueries, QueryLimits
 from kvpipe.processors.analytics.restores import RestoreTracker
 from kvpipe.processors.analytics.sink import AnalyticsSink
-from kvpipe.processors.durability import Durability
-from kvpipe.processors import slots
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import Ingest
+from kvpipe.processors.core.durability import Durability
+from kvpipe.processors.core import slots
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import Ingest
 
 
 class AnalyticsDurability(Durability):
-    """The snapshots of `kvpipe.processors.durability`, and: restoring a partition's index slice drops the re-store
+    """The snapshots of `kvpipe.processors.core.durability`, and: restoring a partition's index slice drops the re-store
     tracker's state for it, since that state describes whatever this worker consumed before, not the restored
     offset. The agents rebuild it for the restored offset (`agents.ensure_tracker`, `restore_state`)."""
 
@@ -39,7 +39,7 @@ class AnalyticsRuntime:
                            max_nodes=settings.max_nodes, max_blocks_per_slot=settings.max_blocks_per_slot,
                            max_slots_per_node=settings.max_slots_per_node,
                            store=settings.index_store if slots.native_available() else "python",
-                           lifetimes="columns")  # no object per ended block (processors/analytics/lifecols.py)
+                           lifetimes="columns")  # no object per ended block (processors/core/lifetimes.py)
         self.ingest = Ingest(self.index, settings.max_message_bytes, settings.max_clock_skew_s)
         # re-stores and their stack distances (capacity curve); None: KVPIPE_ANALYTICS_CAPACITY=false
         self.restores = RestoreTracker() if settings.analytics_capacity else None

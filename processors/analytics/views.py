@@ -15,8 +15,8 @@ from faust.types import TP
 from kvpipe.processors.analytics import metrics
 from kvpipe.processors.analytics.app import app, settings
 from kvpipe.processors.analytics.query import MAX_BODY_BYTES, QueryError, parse_sql_request
-from kvpipe.processors.api import ApiError
-from kvpipe.processors.httpbody import checked_body
+from kvpipe.processors.core.httpbody import ApiError
+from kvpipe.processors.core.httpbody import checked_body
 from kvpipe.processors.analytics.state import collect_stats, runtime
 
 

@@ -4,5 +4,5 @@ Pure logic, no server: `model` (request/answer Structs), `request` (checks), `ha
 each group's hashes per hash configuration), `decide` (hits, score, choice, merge across workers),
 `inflight` (speculative holdings of routed requests), `openapi` (the document), `client` (sync and
 async HTTP client). Its benchmark is `kvpipe.bench.route` (in process) and `kvpipe.bench.route_http`
-(`kvpipe bench route`, in process and over HTTP). The routing app serves them through `kvpipe.processors.routeapi` and `kvpipe.processors.views`.
+(`kvpipe bench route`, in process and over HTTP). The routing app serves them through `kvpipe.processors.router.serving` and `kvpipe.processors.routing.views`.
 """

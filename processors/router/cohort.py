@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
-from kvpipe.processors.index import GPU, Index, NodeState
-from kvpipe.processors.route_hma import NodeModel
+from kvpipe.processors.core.index import GPU, Index, NodeState
+from kvpipe.processors.router.hma import NodeModel
 from kvpipe.processors.router.hits import HitSearch, kvpipe_native
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.processors.router.model import PREFIX_PER_GROUP, Load, NodeRoute, RouteRequest, Scoring

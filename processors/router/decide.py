@@ -3,7 +3,7 @@ that cache benefit against the node's load, and a chosen node.
 
 Hit (the default semantics, "hma"). For every eligible node, each of its groups' hash lists (from
 token ids: `kvpipe.processors.router.hashing`, per the node's own hash configuration; or the request's
-validated lists) is looked up once in the index's inverted view (`route_hma.held_positions`), and
+validated lists) is looked up once in the index's inverted view (`hma.held_positions`), and
 `kvpipe.gpu.hit.longest_hybrid_hit_in_views` — the rule the GPU side's coordinator runs — gives the hit
 on the node's own group specs, capped at `num_tokens − 1` (vLLM never reuses the last token). All
 candidate nodes are searched in one call (`kvpipe.processors.router.hits`: the native crate by default,
@@ -56,8 +56,8 @@ from collections.abc import Callable, Mapping, Sequence
 import msgspec
 
 from kvpipe.gpu.hit import ViewCache
-from kvpipe.processors.index import Index, NodeState
-from kvpipe.processors.route_hma import NodeModel, at_units, held_positions
+from kvpipe.processors.core.index import Index, NodeState
+from kvpipe.processors.router.hma import NodeModel, at_units, held_positions
 from kvpipe.processors.router.hashing import PromptHasher, layout_mismatch
 from kvpipe.processors.router.cohort import Light, build_row, cohort_hits, touched_light
 from kvpipe.processors.router.hits import Engine, HitSearch, Job
@@ -74,7 +74,7 @@ from kvpipe.processors.router.model import (
     Scoring,
 )
 from kvpipe.processors.router.request import Checked, check_group_lists, check_request
-from kvpipe.processors.router.rows import TIER, Pending, Zero, node_row, prepare, score, zero_rank, zero_row, zero_shape
+from kvpipe.processors.router.rows import TIER, Pending, Zero, node_row, prepare, zero_rank, zero_row, zero_shape
 from kvpipe.schemas.events import ExternalHash
 
 Lists = dict[int, list[ExternalHash]]
@@ -111,7 +111,6 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
         inflight.sweep(now)
     planned = plan(index, req.model)  # eligibility and cohorts, kept while the index's nodes hold still
     no_signal: list[NoSignal] = list(planned.no_signal)
-    eligible = planned.eligible
     hasher = PromptHasher(checked.token_ids, checked.keys) if checked.token_ids is not None else None
     if hasher is not None:
         no_signal.extend(planned.config_problems)

@@ -3,8 +3,8 @@ with one set of rules (`kvpipe.gpu.hit`, the readable reference):
 
   "native"  `kvpipe_native` (the Rust crate in native/, built by infra/scripts/native.sh): each
             node layout's spec model is registered once and kept by id, held positions go in as the
-            sets `route_hma.held_positions` builds, every node is searched in one call.
-  "python"  `route_hma.hybrid_hit` per node.
+            sets `hma.held_positions` builds, every node is searched in one call.
+  "python"  `hma.hybrid_hit` per node.
 
 "native" is the default when the extension imports; tests/property/test_native_hit.py holds the two
 equal. A layout the native engine does not model (one `kvpipe.gpu.hit` refuses: chunked local attention off
@@ -18,7 +18,7 @@ from typing import Literal, NamedTuple
 
 from kvpipe.gpu.hit import is_fine_grained, split_spec_groups, supports_fine_grained
 from kvpipe.gpu.specs import ChunkedLocal, FullAttention, Mamba, SlidingWindow
-from kvpipe.processors.route_hma import NodeModel, hybrid_hit
+from kvpipe.processors.router.hma import NodeModel, hybrid_hit
 
 try:
     import kvpipe_native
@@ -114,7 +114,7 @@ class HitSearch:
         return self._layout(Job(model, groups, (), (), 0))
 
     def _layout(self, job: Job) -> _NativeLayout | None:
-        # By the model's identity (route_hma.node_model keeps one per publication; hashing the
+        # By the model's identity (hma.node_model keeps one per publication; hashing the
         # frozen dataclass would cost more than the search), the model kept to pin its id.
         key = (id(job.model), job.groups)
         got = self._layouts.get(key)

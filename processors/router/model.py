@@ -148,7 +148,7 @@ class RouteAnswer(msgspec.Struct, kw_only=True):
 class LocalRouteAnswer(RouteAnswer, kw_only=True):
     """One worker's part of an answer (`POST /route?local=1`): its `route_local` rows plus which
     events partitions it answers for and each listed node's partition, so the coordinator takes
-    every partition from one worker only (`kvpipe.processors.routeapi.merge_local`)."""
+    every partition from one worker only (`kvpipe.processors.router.serving.merge_local`)."""
 
     partitions: list[int] = []
     node_partitions: dict[str, int] = {}

@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from kvpipe.processors.index import Index, NodeState
-from kvpipe.processors.route_hma import NodeModel
+from kvpipe.processors.core.index import Index, NodeState
+from kvpipe.processors.router.hma import NodeModel
 from kvpipe.processors.router.hashing import _hasher, config_key
 from kvpipe.processors.router.hits import HitSearch, kvpipe_native
 from kvpipe.processors.router.inflight import InFlight

@@ -2,7 +2,7 @@
 eligible, with which spec model, and which of them share one hash configuration and group layout
 (one set of hash lists, one pass over the index) — kept per index and reused until the index's
 `generation` moves (a node came, went, expired, came back, or changed epoch, specs, hash
-configuration or model: `processors/index.py`). Without it a route paid this per node, every time.
+configuration or model: `processors/core/index.py`). Without it a route paid this per node, every time.
 
 Nodes that are not eligible keep their reasons here too (`NoSignal`, by the same rules as before:
 `kvpipe.processors.router.decide`). Only the request's own hashing stays per request: a configuration
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kvpipe.processors.index import Index, NodeState
-from kvpipe.processors.route_hma import NodeModel, node_model
+from kvpipe.processors.core.index import Index, NodeState
+from kvpipe.processors.router.hma import NodeModel, node_model
 from kvpipe.processors.router.hashing import config_key, layout_mismatch
 from kvpipe.processors.router.model import NoSignal
 from kvpipe.schemas.envelope import GroupSpec, HashConfig

@@ -10,8 +10,8 @@ from typing import NamedTuple
 
 import msgspec
 
-from kvpipe.processors.index import GPU, NodeState
-from kvpipe.processors.route_hma import Held, NodeModel, block_positions, whole_blocks
+from kvpipe.processors.core.index import GPU, NodeState
+from kvpipe.processors.router.hma import Held, NodeModel, block_positions, whole_blocks
 from kvpipe.processors.router.hits import Hit
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.processors.router.model import PREFIX_PER_GROUP, GroupHit, Load, NodeRoute, RouteRequest, Scoring
@@ -148,7 +148,7 @@ def prepare(node: NodeState, model: NodeModel, lists: Lists, held: Held, num_tok
 
 def node_row(p: Pending, hits: Sequence[Hit | str], req: RouteRequest, scoring: Scoring, load: Load,
               inflight: InFlight | None) -> NodeRoute | str:
-    node, model, lists, held, groups, specs = p.node, p.model, p.lists, p.held, p.groups, p.specs
+    node, model, held, groups, specs = p.node, p.model, p.held, p.groups, p.specs
     spec, real_any, gpu_sets, any_sets = p.spec, p.real_any, p.gpu_sets, p.any_sets
     exact, reason, state, state_reason, num_tokens = p.exact, p.reason, p.state, p.state_reason, p.num_tokens
     kinds = {gs.group_idx: gs.kind for gs in node.group_specs or ()}

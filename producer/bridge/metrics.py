@@ -93,7 +93,7 @@ def render(nodes: Iterable[tuple[str, Counters, list[Mismatch]]]) -> str:
 
 
 def bearer_ok(header: str | None, token: str) -> bool:
-    """True if an Authorization header carries `token` (constant-time; as kvpipe.processors.webauth)."""
+    """True if an Authorization header carries `token` (constant-time; as kvpipe.processors.core.webauth)."""
     scheme, _, value = (header or "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
 

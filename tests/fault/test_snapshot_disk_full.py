@@ -1,7 +1,7 @@
 """A full disk under the processor's snapshots: ingest goes on, the failures are counted in
 /stats, snapshots resume once there is space again, nothing is lost.
 
-Where snapshots go: the compacted snapshot topic (processors/durability.py), i.e. the broker's log
+Where snapshots go: the compacted snapshot topic (processors/core/durability.py), i.e. the broker's log
 dir; the processor's own state dir holds nothing durable (Faust runs with `memory://`). So the
 failure is made real there: a broker of the test's own runs with two log dirs (JBOD), the second a
 16 MiB tmpfs that holds the snapshot topic's partitions and nothing else, and the test fills it

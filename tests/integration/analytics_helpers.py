@@ -3,7 +3,7 @@ and the test's own model of the rows it must write.
 
 `AnalyticsSession` owns the topics and the settings of one analytics app (its chDB store lives in
 the session's state dir, so only that app may open it: tests read through its `POST /sql`).
-`RowModel` recomputes, from the events the test publishes and independently of `kvpipe.processors.index`,
+`RowModel` recomputes, from the events the test publishes and independently of `kvpipe.processors.core.index`,
 which `kv_events` and `kv_block_lifetimes` rows exactly-once analytics must hold.
 `SimNode` publishes steps through the real `Publisher` with test-chosen timestamps, so lifetimes
 are whole seconds and their sums can be compared exactly.

@@ -1,5 +1,5 @@
 """What the processor integration tests share: a throw-away set of topics, and the tests' own
-model of what the index must hold — written independently of processors/index.py, so a bug there
+model of what the index must hold — written independently of processors/core/index.py, so a bug there
 cannot hide in the expectation."""
 from __future__ import annotations
 

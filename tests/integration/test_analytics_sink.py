@@ -18,7 +18,6 @@ Evicted blocks: sliding window 6 (n1: 101,102,103,104,101; n2: 301), full attent
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 from datetime import timezone
 from pathlib import Path
@@ -29,7 +28,8 @@ import msgspec
 import pytest
 
 from kvpipe.processors.analytics.migrations import apply_migrations, load_migrations
-from kvpipe.processors.analytics.rows import EventRow, LifetimeRow, event_rows
+from kvpipe.processors.analytics.rows import EventRow, event_rows
+from kvpipe.processors.core.lifetimes import LifetimeRow
 from kvpipe.processors.analytics.saved import list_queries, run_query
 from kvpipe.processors.analytics.sink import AnalyticsSink
 from kvpipe.schemas.codec import encode_vllm_batch

@@ -1,4 +1,4 @@
-"""The processor's HTTP API behind a bearer token (kvpipe.processors.webauth), as a user meets it: a real
+"""The processor's HTTP API behind a bearer token (kvpipe.processors.core.webauth), as a user meets it: a real
 `kvpipe processor` on the shared broker with KVPIPE_API_TOKEN set, asked with no token, a wrong
 one and the right one; Faust's own pages gone; the bind rule of `--web-host`; `kvpipe route`
 sending the token from its environment; and the token in no log line.
@@ -157,7 +157,7 @@ def test_a_reachable_bind_without_a_token_refuses_to_start_and_starts_with_insec
 
 
 def test_workers_of_a_token_protected_group_ask_each_other_with_the_token(kafka_bootstrap: str, tmp_path: Path):
-    """Scatter-gather (processors/scatter.py): each worker holds one partition; a /route on either
+    """Scatter-gather (processors/routing/scatter.py): each worker holds one partition; a /route on either
     one is complete only if its peer accepted the worker's own bearer token."""
     topics = ProcessorTopics(kafka_bootstrap, "authgrp", 2)
     workers: list[ProcessorProcess] = []

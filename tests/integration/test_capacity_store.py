@@ -91,7 +91,7 @@ def test_migrations_are_idempotent(store):
     sink, _ = store
     assert apply_migrations(sink._client) == []  # a restart applies nothing
     from kvpipe.processors.analytics.migrations import load_migrations
-    from kvpipe.processors.analytics.sqlguard import split_statements
+    from kvpipe.processors.analytics.ddltext import split_statements
 
     for mig in load_migrations():  # every statement may run again (crash between DDL and its record)
         for statement in split_statements(mig.sql):

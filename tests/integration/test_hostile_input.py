@@ -21,8 +21,8 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from kvpipe.bench.fuzz import Hostile
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import HEADER_DLQ_REASON, HEADER_ORIGINAL_SIZE, HEADER_TRUNCATED, Ingest
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import HEADER_DLQ_REASON, HEADER_ORIGINAL_SIZE, HEADER_TRUNCATED, Ingest
 from kvpipe.bench.procrun import ProcessorProcess, free_port
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec

@@ -4,7 +4,7 @@ real sockets on loopback, a real aiohttp app as the upstream it forwards to.
 `serve_static` answers every `POST /route` with a fixed JSON, except a body holding the forward
 marker (left to the upstream) or the panic marker (the decider panics). What is checked is the
 shell around the decision: keep-alive, the bearer token and its 401 bodies (as
-`processors/webauth.py` writes them), the size and time limits (as `processors/httpbody.py`
+`processors/core/webauth.py` writes them), the size and time limits (as `processors/core/httpbody.py`
 words them), forwarding with the Authorization header kept, the counters, and stopping.
 Needs no broker: only the built extension.
 """
@@ -166,8 +166,8 @@ def test_token_required_like_the_python_app_and_health_open(start: Callable[...,
     assert status == 401
     assert headers["www-authenticate"] == "Bearer"
     assert headers["content-type"] == "application/json"
-    # byte for byte what processors/webauth.py answers
-    from kvpipe.processors.webauth import unauthorized_body
+    # byte for byte what processors/core/webauth.py answers
+    from kvpipe.processors.core.webauth import unauthorized_body
     assert body == unauthorized_body(False)
     status, _, body = call(srv.port, "POST", "/route", b"[1]", {"Authorization": "Bearer wrong"})
     assert (status, body) == (401, unauthorized_body(True))

@@ -19,10 +19,10 @@ import msgspec
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import HEADER_SOURCE_OFFSET, HEADER_SOURCE_PARTITION, Ingest
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import HEADER_SOURCE_OFFSET, HEADER_SOURCE_PARTITION, Ingest
 from kvpipe.bench.procrun import ProcessorProcess, free_port
-from kvpipe.processors.snapshot import decode_chunk, decode_manifest, export_partition, parse_key
+from kvpipe.processors.core.snapshot import decode_chunk, decode_manifest, export_partition, parse_key
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
 from kvpipe.schemas.events import BlockRemoved, BlockStored

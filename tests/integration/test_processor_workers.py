@@ -3,7 +3,7 @@
 Two `kvpipe processor` children with the same processor id and different web ports share an
 events topic of 4 partitions; nodes are spread over all of them. Each worker's index holds only
 its own partitions, yet `/route` and `/nodes` on either worker must give the full answer, equal
-to what the test computes (scatter-gather, `kvpipe.processors.scatter`). A worker that does not answer
+to what the test computes (scatter-gather, `kvpipe.processors.routing.scatter`). A worker that does not answer
 in time makes the answer partial, naming its partitions, never an error; a killed worker's
 partitions move to the survivor, which restores them from snapshots and answers in full again.
 Tests run in file order and share one pair of workers.

@@ -15,8 +15,8 @@ from kvpipe.processors.analytics.derive import end_lifetimes, message_rows
 from kvpipe.processors.analytics.restores import RestoreTracker
 from kvpipe.processors.analytics.sink import AnalyticsSink
 from kvpipe.bench.workload import serving_steps
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import Result
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import Result
 
 pytestmark = pytest.mark.integration
 

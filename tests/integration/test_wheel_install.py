@@ -127,7 +127,7 @@ def test_wheel_installs_without_torch_and_the_server_roles_start(tmp_path: Path)
                           timeout=120)
     assert node.returncode == 2 and "kvpipe[gpu]" in node.stderr, node.stderr[-2000:]
     # Beyond --help: each role's whole module graph (the Faust app, its agents and views) imports.
-    for modules in ("kvpipe.processors.agents, kvpipe.processors.views",
+    for modules in ("kvpipe.processors.routing.agents, kvpipe.processors.routing.views",
                     "kvpipe.processors.analytics.agents, kvpipe.processors.analytics.views",
                     "kvpipe.producer.bridge.runner, kvpipe.producer.bridge.cli"):
         out = subprocess.run([str(py), "-c", f"import {modules}"], cwd=tmp_path, capture_output=True, text=True,

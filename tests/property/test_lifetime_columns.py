@@ -1,4 +1,4 @@
-"""Lifetimes as columns (`Index(lifetimes="columns")`, processors/analytics/lifecols.py) equal the
+"""Lifetimes as columns (`Index(lifetimes="columns")`, processors/core/lifetimes.py) equal the
 reference rows (`LifetimeRow` lists) on random envelope streams, on both block stores: stores and
 removes of int and bytes hashes (copies, unknown removes), clears, several groups and media, new
 epochs, gaps, duplicates, stale epochs, real loss (resync), silence past the TTL, expiry by the
@@ -14,14 +14,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpipe.processors import slots
-from kvpipe.processors.analytics import lifecols
+from kvpipe.processors.core import slots
+from kvpipe.processors.core import lifetimes as lifecols
 from kvpipe.processors.analytics.derive import end_lifetimes, message_rows
-from kvpipe.processors.analytics.lifecols import LifetimeColumns
+from kvpipe.processors.core.lifetimes import LifetimeColumns
 from kvpipe.processors.analytics.restores import RestoreTracker
 from kvpipe.processors.analytics.rows import lifetime_columns, number_copies
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import Ingest
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import Ingest
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
 from tests.property.streams import events as event_strategy

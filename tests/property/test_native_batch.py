@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpipe.processors import slots
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import Ingest
+from kvpipe.processors.core import slots
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import Ingest
 from kvpipe.schemas.codec import KAFKA_HEADERS, DecodeError, decode_vllm_batch, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
 from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored

@@ -1,5 +1,5 @@
 """The native hit search (native/, `kvpipe_native`) equals the reference (`kvpipe.gpu.hit` through
-`route_hma.hybrid_hit`) on random layouts and random held sets: merged equal-spec groups, mixed
+`hma.hybrid_hit`) on random layouts and random held sets: merged equal-spec groups, mixed
 block sizes, sliding windows, Mamba (align, and the refused modes), chunked local, partial hits at
 the hash unit, EAGLE, subsets of a node's groups, several nodes of different layouts in one call,
 and held positions past the lists. Errors (layouts `kvpipe.gpu.hit` refuses) must be equal too.

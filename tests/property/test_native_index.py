@@ -1,5 +1,5 @@
 """The index on the native block store (native/src/store.rs) equals the index on the dict reference
-(`kvpipe.processors.slots.PyStore`) on random envelope streams: stores and removes of int and bytes
+(`kvpipe.processors.core.slots.PyStore`) on random envelope streams: stores and removes of int and bytes
 hashes (with repeated copies, 64-bit collisions between the two forms, unknown removes), clears,
 several groups and media, new epochs, gaps, duplicates, stale epochs, real loss (resync), silence
 past the TTL, per-slot and per-node caps, dropped partitions, and snapshot round trips. Equal means:
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpipe.processors import slots
-from kvpipe.processors.index import Index
-from kvpipe.processors.route_hma import held_positions
-from kvpipe.processors.snapshot import decode_chunk, export_partition, import_chunks
+from kvpipe.processors.core import slots
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.router.hma import held_positions
+from kvpipe.processors.core.snapshot import decode_chunk, export_partition, import_chunks
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
 from kvpipe.schemas.events import BlockStored
 from tests.property.streams import events as event_strategy

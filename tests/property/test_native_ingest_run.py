@@ -1,4 +1,4 @@
-"""The native ingest run (`kvpipe.processors.ingestrun`, native/src/ingestrun.rs and envelope.rs)
+"""The native ingest run (`kvpipe.processors.core.ingestrun`, native/src/ingestrun.rs and envelope.rs)
 against the reference `Ingest.handle_batch` (one `Ingest.handle` per record): random record streams
 of several nodes (duplicates, gaps, epoch changes, heartbeats, spec, model and load changes,
 dropped events, lost batches, clears, new slots, capped slots, a refused node, a node tracked in
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpipe.processors import ingestrun, slots
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import Ingest
+from kvpipe.processors.core import ingestrun, slots
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import Ingest
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
@@ -49,7 +49,7 @@ ODD_VALUES = [None, -1, 0, 1, 2, 1.5, 0.0, "x", "", "map", b"\x01", True, 2**64 
 
 @dataclass
 class Rec:
-    """A fetched record, as `Ingest.handle_batch` reads it (kvpipe.processors.ingest.KafkaRecord)."""
+    """A fetched record, as `Ingest.handle_batch` reads it (kvpipe.processors.core.ingest.KafkaRecord)."""
 
     topic: str
     partition: int
@@ -179,7 +179,7 @@ def state_view(ingest: Ingest) -> tuple:
 
 
 def feed(ingest: Ingest, records: list[Rec], cuts: list[int]) -> list[tuple]:
-    """As the consumer and `processors/agents.py: ingest_batch` do: slices, each handled until done."""
+    """As the consumer and `processors/routing/agents.py: ingest_batch` do: slices, each handled until done."""
     calls = [0]
 
     def clock() -> float:  # read once per record by either path, in the same order

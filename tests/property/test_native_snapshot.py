@@ -1,5 +1,5 @@
 """Snapshots written and read by the extension (native/src/snapshot.rs) against the Python walk of
-`kvpipe.processors.snapshot` (the reference): the native writer produces the reference's bytes
+`kvpipe.processors.core.snapshot` (the reference): the native writer produces the reference's bytes
 exactly (chunk splitting included), snapshots move between the native and the dict store either
 way unchanged, and a broken slot record fails the decode with `msgspec.DecodeError` saying where,
 which the restore reports and recovers from (a rebuild from offset 0) as any broken snapshot.
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpipe.processors import durability, slots, snapshot
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import Ingest
-from kvpipe.processors.snapshot import (
+from kvpipe.processors.core import durability, slots, snapshot
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import Ingest
+from kvpipe.processors.core.snapshot import (
     SlotBytes,
     SlotSnap,
     chunk_key,

@@ -13,8 +13,8 @@ from kvpipe.processors.analytics.metrics import render
 from kvpipe.processors.analytics.query import QueryError, parse_sql_request
 from kvpipe.bench.procrun import REPO
 
-ROUTING_MODULES = ["kvpipe.processors.app", "kvpipe.processors.topics", "kvpipe.processors.state", "kvpipe.processors.agents",
-                   "kvpipe.processors.views", "kvpipe.processors.cli", "kvpipe.processors.api"]
+ROUTING_MODULES = ["kvpipe.processors.routing.app", "kvpipe.processors.routing.topics", "kvpipe.processors.routing.state", "kvpipe.processors.routing.agents",
+                   "kvpipe.processors.routing.views", "kvpipe.processors.routing.cli", "kvpipe.processors.routing.api"]
 
 
 def test_the_routing_app_imports_no_clickhouse_code():
@@ -26,14 +26,14 @@ def test_the_routing_app_imports_no_clickhouse_code():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
-    assert "kvpipe.processors.agents" in loaded and "kvpipe.processors.views" in loaded, "the routing app was really imported"
+    assert "kvpipe.processors.routing.agents" in loaded and "kvpipe.processors.routing.views" in loaded, "the routing app was really imported"
     assert [m for m in loaded if not m.startswith("kvpipe")] == [], "ClickHouse client code in the routing app"
     assert not {"kvpipe.processors.analytics.sink", "kvpipe.processors.analytics.app", "kvpipe.processors.analytics.query"} & set(loaded)
 
 
 def test_the_analytics_app_does_not_import_the_routing_app():
     code = ("import sys\nfrom kvpipe.processors.analytics import agents, views\n"
-            "print('kvpipe.processors.app' in sys.modules, 'kvpipe.processors.agents' in sys.modules)")
+            "print('kvpipe.processors.routing.app' in sys.modules, 'kvpipe.processors.routing.agents' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "False"]

@@ -5,10 +5,11 @@ import msgspec
 import pytest
 
 from kvpipe.processors.analytics.rows import (
-    EVENT_COLUMNS, LIFETIME_COLUMNS, LifetimeRow, event_columns, event_rows, hash_to_u64, lifetime_columns,
-    number_copies,
+    EVENT_COLUMNS, LIFETIME_COLUMNS, event_columns, event_rows, lifetime_columns, number_copies,
 )
-from kvpipe.processors.analytics.sqlguard import check_read_only, split_statements
+from kvpipe.processors.core.lifetimes import LifetimeRow, hash_to_u64
+from kvpipe.processors.analytics.ddltext import split_statements
+from kvpipe.processors.analytics.sqlguard import check_read_only
 from kvpipe.schemas.codec import encode_vllm_batch
 from kvpipe.schemas.envelope import Envelope, GroupSpec
 from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -163,8 +164,8 @@ def test_column_fast_path_equals_the_row_reference():
 def _ingested(envs: list[Envelope]):
     """Each envelope through the real decode + index path, with its message_rows."""
     from kvpipe.processors.analytics.derive import message_rows
-    from kvpipe.processors.index import Index
-    from kvpipe.processors.ingest import Ingest
+    from kvpipe.processors.core.index import Index
+    from kvpipe.processors.core.ingest import Ingest
     from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope
 
     index = Index(ttl_s=None)

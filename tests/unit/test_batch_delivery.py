@@ -12,9 +12,9 @@ import msgspec
 
 from faust.types import TP
 
-from kvpipe.processors.batchdelivery import BatchDrainConsumer, ack_offsets, holes
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import DLQ, Ingest
+from kvpipe.processors.core.batchdelivery import BatchDrainConsumer, ack_offsets, holes
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import DLQ, Ingest
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
 from kvpipe.schemas.events import BlockRemoved, BlockStored

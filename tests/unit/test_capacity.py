@@ -8,7 +8,7 @@ import pytest
 
 from kvpipe.processors.analytics.restores import REASON_EPOCH_CHANGE, RestoreTracker, refine_reasons
 from kvpipe.processors.analytics.stackdist import StackDistance
-from kvpipe.processors.index import Index
+from kvpipe.processors.core.index import Index
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
 from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
 
@@ -147,7 +147,7 @@ def test_a_new_epoch_ends_lifetimes_as_epoch_change_and_a_clear_as_cleared():
 
 
 def test_lifetimes_out_of_event_order_are_walked_in_event_order():
-    from kvpipe.processors.analytics.rows import LifetimeRow
+    from kvpipe.processors.core.lifetimes import LifetimeRow
 
     tracker = RestoreTracker()
     st = lambda h: BlockStored(block_hashes=[h], parent_block_hash=None, token_ids=[], block_size=16,  # noqa: E731

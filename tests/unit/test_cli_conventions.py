@@ -367,7 +367,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def test_one_http_helper(monkeypatch):
-    from kvpipe.processors.remote import HttpStatusError, get_json, ok_json, post_json
+    from kvpipe.processors.core.remote import HttpStatusError, get_json, ok_json, post_json
 
     monkeypatch.setenv("KVPIPE_API_TOKEN", "tok-123")
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvpipe.processors.fastpath import drain_stopped
+from kvpipe.processors.core.fastpath import drain_stopped
 
 
 class Stopped(Exception):

@@ -1,4 +1,4 @@
-"""Faust's own command line (`faust -A kvpipe.processors.app worker`) imports only the app module; its
+"""Faust's own command line (`faust -A kvpipe.processors.routing.app worker`) imports only the app module; its
 autodiscovery must register the same agents `kvpipe processor` / `kvpipe analytics` run.
 
 `faust -A … agents` goes through the same app preparation as `worker` (finalize, discover) and
@@ -24,7 +24,7 @@ def _faust_agents(app_module: str, tmp_path: Path) -> str:
 
 
 @pytest.mark.parametrize("app_module, agent", [
-    ("kvpipe.processors.app", "@kvpipe-ingest"),
+    ("kvpipe.processors.routing.app", "@kvpipe-ingest"),
     ("kvpipe.processors.analytics.app", "@kvpipe-analytics-rows"),
 ])
 def test_faust_command_line_discovers_the_agents(app_module, agent, tmp_path):
@@ -32,8 +32,8 @@ def test_faust_command_line_discovers_the_agents(app_module, agent, tmp_path):
 
 
 def test_discovery_registers_views_and_agents_in_process():
-    code = ("from kvpipe.processors.app import app; app.discover(); "
-            "print(len(app.agents)); import sys; print('kvpipe.processors.views' in sys.modules)")
+    code = ("from kvpipe.processors.routing.app import app; app.discover(); "
+            "print(len(app.agents)); import sys; print('kvpipe.processors.routing.views' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()

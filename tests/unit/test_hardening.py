@@ -7,11 +7,12 @@ import asyncio
 import msgspec
 import pytest
 
-from kvpipe.processors.api import ApiError, node_rows, page_rows, parse_nodes_query
-from kvpipe.processors.httpbody import json_body, parse_json
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import APPLIED, DLQ, HEADER_ORIGINAL_SIZE, HEADER_TRUNCATED, Ingest, dlq_record
-from kvpipe.processors.snapshot import decode_chunk, export_partition, import_chunks
+from kvpipe.processors.core.httpbody import ApiError
+from kvpipe.processors.routing.api import node_rows, page_rows, parse_nodes_query
+from kvpipe.processors.core.httpbody import json_body, parse_json
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import APPLIED, DLQ, HEADER_ORIGINAL_SIZE, HEADER_TRUNCATED, Ingest, dlq_record
+from kvpipe.processors.core.snapshot import decode_chunk, export_partition, import_chunks
 from kvpipe.schemas.codec import KAFKA_HEADERS, DecodeError, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
 from kvpipe.schemas.events import BlockStored

@@ -1,8 +1,8 @@
 """The live cache index, without Kafka: ordering, reference counts, lifetimes, liveness, the inverted view."""
 from __future__ import annotations
 
-from kvpipe.processors.index import APPLIED, DUPLICATE, STALE, Index, partial_fields
-from kvpipe.processors.route_hma import held_positions
+from kvpipe.processors.core.index import APPLIED, DUPLICATE, STALE, Index, partial_fields
+from kvpipe.processors.router.hma import held_positions
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
 from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from kvpipe.processors.index import Index
+from kvpipe.processors.core.index import Index
 from kvpipe.schemas.codec import encode_vllm_batch, envelope_events
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
 from kvpipe.schemas.events import BlockRemoved, BlockStored

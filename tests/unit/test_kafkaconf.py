@@ -1,4 +1,4 @@
-"""kvpipe.processors.kafkaconf: Faust credentials per protocol (and what Faust hands aiokafka from them),
+"""kvpipe.processors.core.kafkaconf: Faust credentials per protocol (and what Faust hands aiokafka from them),
 and the OAUTHBEARER client-credentials token provider against a real local token endpoint."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-from kvpipe.processors.kafkaconf import aiokafka_kwargs, faust_broker_kwargs
+from kvpipe.processors.core.kafkaconf import aiokafka_kwargs, faust_broker_kwargs
 from kvpipe.schemas.settings import load_settings
 
 SASL = {"KVPIPE_KAFKA_SASL_USERNAME": "svc", "KVPIPE_KAFKA_SASL_PASSWORD": "pw"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kvpipe.gpu.layout import layout_problem, node_layout
-from kvpipe.processors.index import Index
+from kvpipe.processors.core.index import Index
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
 
 FA = GroupSpec(group_idx=0, kind="full_attention", block_size=16)

@@ -1,12 +1,13 @@
-"""LifetimeColumns (processors/analytics/lifecols.py) against the row reference on hand-made cases
+"""LifetimeColumns (processors/core/lifetimes.py) against the row reference on hand-made cases
 the index rarely produces: copies of one key, several nodes in one expiry, unrefined reasons."""
 from __future__ import annotations
 
-from kvpipe.processors.analytics import lifecols
-from kvpipe.processors.analytics.lifecols import LifetimeColumns
+from kvpipe.processors.core import lifetimes as lifecols
+from kvpipe.processors.core.lifetimes import LifetimeColumns
 from kvpipe.processors.analytics.restores import RestoreTracker, refine_reason_columns, refine_reasons
-from kvpipe.processors.analytics.rows import LifetimeRow, lifetime_columns, number_copies
-from kvpipe.processors.index import Index
+from kvpipe.processors.analytics.rows import lifetime_columns, number_copies
+from kvpipe.processors.core.lifetimes import LifetimeRow
+from kvpipe.processors.core.index import Index
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
 from kvpipe.schemas.events import BlockRemoved, BlockStored
 

@@ -3,8 +3,8 @@ families are labelled (one per concept), names carry units, histograms and proce
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpipe.processors.analytics.metrics import render as render_analytics
-from kvpipe.processors.index import INDEX_COUNTERS
-from kvpipe.processors.metrics import ProcessorMetrics
+from kvpipe.processors.core.index import INDEX_COUNTERS
+from kvpipe.processors.routing.metrics import ProcessorMetrics
 from kvpipe.producer.bridge.metrics import Counters, render
 from kvpipe.producer.bridge.specs import Mismatch
 

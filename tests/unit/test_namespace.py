@@ -70,8 +70,8 @@ def test_the_checks_see_old_names():
                "schemas.codec"}
     text = ('from schemas.codec import decode\nfrom processors import app\n'
             'monkeypatch.setattr("processors.analytics.app.thing", 1)\nrun(["faust", "-A", "processors.app"])\n'
-            'sh -c "python -m processors"\nproducer.poll(0)  # a variable\nsee processors/app.py and infra/\n'
-            'from kvpipe.schemas.codec import decode\nfaust -A kvpipe.processors.app worker\n')
+            'sh -c "python -m processors"\nproducer.poll(0)  # a variable\nsee processors/routing/app.py and infra/\n'
+            'from kvpipe.schemas.codec import decode\nfaust -A kvpipe.processors.routing.app worker\n')
     assert [line for line, _ in old_names(text, modules)] == [1, 1, 2, 3, 4, 5]
 
 
@@ -120,7 +120,7 @@ print(json.dumps({"failed": failed, "bare": bare, "modules": sorted(sys.modules)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     # Optional baselines (e.g. the Dynamo bench's) import lazily; everything else must import.
     assert result["failed"] == []
-    assert "kvpipe.processors.app" in result["modules"] and "kvpipe.gpu.hit" in result["modules"]
+    assert "kvpipe.processors.routing.app" in result["modules"] and "kvpipe.gpu.hit" in result["modules"]
     assert [m for m in result["modules"] if m.split(".")[0] in FOLDERS] == []
     ours = {f: names for f, names in result["files"].items() if Path(f).resolve().is_relative_to(ROOT)}
     assert {f: names for f, names in ours.items() if len(names) > 1} == {}, "a file loaded under two names"

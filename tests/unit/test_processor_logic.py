@@ -7,9 +7,9 @@ import pytest
 from kvpipe.processors.router.decide import route
 from kvpipe.processors.router.model import RouteError, RouteRequest, decode_request
 from kvpipe.processors.router.request import check_request
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import DLQ, SKIPPED, Ingest
-from kvpipe.processors.snapshot import decode_chunk, export_partition, import_chunks
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import DLQ, SKIPPED, Ingest
+from kvpipe.processors.core.snapshot import decode_chunk, export_partition, import_chunks
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
 from kvpipe.schemas.events import BlockStored

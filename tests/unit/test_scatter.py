@@ -7,9 +7,10 @@ import pytest
 
 import msgspec
 
-from kvpipe.processors import routeapi, scatter
-from kvpipe.processors.api import ApiError
-from kvpipe.processors.index import Index
+from kvpipe.processors.router import serving
+from kvpipe.processors.routing import scatter
+from kvpipe.processors.core.httpbody import ApiError
+from kvpipe.processors.core.index import Index
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.processors.router.model import RouteAnswer, RouteRequest, Scoring, decode_request
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
@@ -58,14 +59,14 @@ def _gather(req: RouteRequest, owners: dict[str, list[int]], down: frozenset = f
     async def ask(url: str, body: bytes) -> bytes:
         if url in down:
             raise TimeoutError(url)
-        local = routeapi.local_answer(indexes[url], flight.get(url), decode_request(body), owners[url], None, now=NOW)
+        local = serving.local_answer(indexes[url], flight.get(url), decode_request(body), owners[url], None, now=NOW)
         return msgspec.json.encode(local)
 
     async def run() -> RouteAnswer:
-        mine = routeapi.local_answer(indexes[first], flight.get(first), req, owners[first], None, now=NOW)
+        mine = serving.local_answer(indexes[first], flight.get(first), req, owners[first], None, now=NOW)
         theirs = await scatter.ask_all(others, msgspec.json.encode(req), ask)
-        parts, missing = routeapi.merge_local([mine, *map(routeapi.decode_local, theirs)], range(4))
-        return routeapi.answer(parts, missing, req, indexes[first], flight.get(first), now=NOW)
+        parts, missing = serving.merge_local([mine, *map(serving.decode_local, theirs)], range(4))
+        return serving.answer(parts, missing, req, indexes[first], flight.get(first), now=NOW)
 
     return asyncio.run(run())
 
@@ -104,8 +105,8 @@ def test_a_silent_worker_costs_its_partitions_and_a_partition_is_taken_from_one_
     assert {r.node_id for r in merged.nodes} == {"a", "c"}
     # mid-rebalance both claim partition 1: its node appears once
     both = _split({"x": [0, 1], "y": [1, 2, 3]})
-    parts = [routeapi.local_answer(both[w], None, req, ps, None, now=NOW) for w, ps in (("x", [0, 1]), ("y", [1, 2, 3]))]
-    claimed, missing = routeapi.merge_local(parts, range(4))
+    parts = [serving.local_answer(both[w], None, req, ps, None, now=NOW) for w, ps in (("x", [0, 1]), ("y", [1, 2, 3]))]
+    claimed, missing = serving.merge_local(parts, range(4))
     assert sorted(r.node_id for p in claimed for r in p.nodes) == ["a", "b", "c", "d"] and missing == []
 
 
@@ -125,9 +126,9 @@ def test_a_sent_request_is_recorded_by_the_worker_holding_the_chosen_node():
     answer = _gather(req, owners, inflight=flight)
     assert answer.chosen == "a" and flight["x"].running("a") == 0  # x does not hold a: views forwards
     indexes = _split(owners)
-    assert routeapi.needs_forward(answer, req, indexes["x"])
-    assert routeapi.sent_locally(indexes["x"], flight["x"], "r1", "a", req) is not None
-    assert routeapi.sent_locally(indexes["y"], flight["y"], "r1", "a", req, now=NOW) is None
+    assert serving.needs_forward(answer, req, indexes["x"])
+    assert serving.sent_locally(indexes["x"], flight["x"], "r1", "a", req) is not None
+    assert serving.sent_locally(indexes["y"], flight["y"], "r1", "a", req, now=NOW) is None
     assert flight["y"].running("a") == 1
     # the next request with that prefix sees a's load (one in flight) and its speculative blocks
     again = _gather(RouteRequest(block_hashes={0: [1, 2, 3, 4]}, num_tokens=65), owners, inflight=flight)

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from kvpipe.processors.durability import Durability
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import Ingest
+from kvpipe.processors.core.durability import Durability
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import Ingest
 
 
 class StuckTopic:

@@ -8,7 +8,7 @@ import pytest
 
 from kvpipe.processors.analytics.cli import print_result
 from kvpipe.processors.analytics.plan import render as render_plan
-from kvpipe.processors.texttable import number_columns, render
+from kvpipe.processors.core.texttable import number_columns, render
 
 RESULT = {"columns": ["medium", "swa_evicted", "ratio"], "types": ["String", "UInt64", "Nullable(Float64)"],
           "rows": [["GPU", 3, None], ["CPU", 12345, 0.5]]}
@@ -65,7 +65,7 @@ def test_the_plan_prints_one_table_per_curve():
 def test_the_route_answer_is_a_table_of_nodes(capsys):
     from types import SimpleNamespace as Row
 
-    from kvpipe.processors.cli import _print_answer
+    from kvpipe.processors.routing.cli import _print_answer
 
     nodes = [Row(node_id="node-y", state="live", gpu_tokens=16, loadable_tokens=0, score=0.51234, speculative=False,
                  load=Row(running=2, waiting=1, kv_usage=0.3125), exact=True, reason=None),

@@ -1,4 +1,4 @@
-"""kvpipe.processors.webauth: the bearer-token middleware on a real aiohttp server, the bind rule, and
+"""kvpipe.processors.core.webauth: the bearer-token middleware on a real aiohttp server, the bind rule, and
 Faust's built-in pages switched off; the bridge's /metrics under the same rule."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from kvpipe.processors import webauth
+from kvpipe.processors.core import webauth
 from kvpipe.producer.bridge.metrics import MetricsServer
 from kvpipe.schemas.settings import load_settings
 
@@ -118,7 +118,7 @@ def test_bridge_metrics_endpoint_requires_the_token_when_one_is_set():
         open_server.close()
 
 
-@pytest.mark.parametrize("module", ["kvpipe.processors.app", "kvpipe.processors.analytics.app"])
+@pytest.mark.parametrize("module", ["kvpipe.processors.routing.app", "kvpipe.processors.analytics.app"])
 def test_the_exposure_rule_holds_however_the_app_is_started(module, tmp_path):
     """`faust -A <module> worker` imports the app module without the CLI: the import itself refuses a public bind
     without a token, and accepts it with one or with the insecure setting."""

@@ -1,4 +1,4 @@
-"""Nodes with a known cache state, published into a real `kvpipe.processors.index.Index` as events.
+"""Nodes with a known cache state, published into a real `kvpipe.processors.core.index.Index` as events.
 
 A node here is its group specs, its hash configuration and, per (group, medium), the *positions*
 of the prompt's blocks it holds; `publish` turns positions into that group's real block hashes (the
@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from kvpipe.gpu.hashing import hash_request_blocks, hasher_from_config
 from kvpipe.gpu.hit import ViewCache
-from kvpipe.processors.index import Index
+from kvpipe.processors.core.index import Index
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
 from kvpipe.schemas.events import BlockStored, BlockRemoved
 

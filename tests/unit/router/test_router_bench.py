@@ -33,7 +33,7 @@ def test_kvpipe_bench_route_is_registered_and_runs_in_process_without_a_broker()
 
 def test_the_snapshot_block_times_each_path_and_checks_them():
     from kvpipe.bench.route_http import run as bench_route
-    from kvpipe.processors.snapshot import native_snapshots_available
+    from kvpipe.processors.core.snapshot import native_snapshots_available
 
     out = bench_route(["--in-process-only", "--snapshots", "--nodes", "6", "--requests", "2", "--documents", "2",
                        "--prompt-tokens", "256", "--per-node", "2", "--no-dynamo"])
@@ -49,7 +49,7 @@ def test_the_snapshot_block_times_each_path_and_checks_them():
 
 
 def test_kvpipe_route_reads_token_ids_as_a_json_list_or_whitespace_separated():
-    from kvpipe.processors.cli import read_tokens
+    from kvpipe.processors.routing.cli import read_tokens
 
     assert read_tokens("[1, 2, 3]") == read_tokens("1 2\n3\n") == read_tokens("1,2, 3") == [1, 2, 3]
     for bad in ('["a"]', "[1.5]", "1 x", "[true]"):

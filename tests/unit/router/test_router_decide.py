@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
 from kvpipe.gpu.hit import ViewCache, longest_hybrid_hit, partial_hits_enabled
 from kvpipe.gpu.specs import from_group_spec
-from kvpipe.processors.index import Index
-from kvpipe.processors.router.decide import route, score
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.router.decide import route
+from kvpipe.processors.router.rows import score
 from kvpipe.processors.router.model import Load, RouteError, RouteRequest, Scoring
 from kvpipe.schemas.envelope import HashConfig
 from tests.unit.router.router_fixtures import (

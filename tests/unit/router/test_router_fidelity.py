@@ -1,5 +1,5 @@
 """The router's hit on today's hybrid layouts, partial entries and EAGLE (kvpipe.processors.router.decide and
-kvpipe.processors.route_hma), against the pure rules (kvpipe.gpu.hit) on the node's true cache state."""
+kvpipe.processors.router.hma), against the pure rules (kvpipe.gpu.hit) on the node's true cache state."""
 from __future__ import annotations
 
 import random
@@ -7,7 +7,7 @@ import random
 from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
 from kvpipe.gpu.hit import longest_hybrid_hit
 from kvpipe.gpu.layout import node_layout
-from kvpipe.processors.index import Index
+from kvpipe.processors.core.index import Index
 from kvpipe.processors.router.decide import route
 from kvpipe.processors.router.model import RouteRequest
 from kvpipe.schemas.envelope import GroupSpec, HashConfig

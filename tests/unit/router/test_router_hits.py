@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kvpipe.gpu.hit import longest_hybrid_hit
 from kvpipe.gpu.specs import FullAttention, KVSpec, Mamba, SlidingWindow
-from kvpipe.processors.index import Index
+from kvpipe.processors.core.index import Index
 from kvpipe.processors.router.decide import route
 from kvpipe.processors.router.model import RouteAnswer, RouteError, RouteRequest, decode_request
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec

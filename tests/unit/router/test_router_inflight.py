@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpipe.processors.index import Index
+from kvpipe.processors.core.index import Index
 from kvpipe.processors.router.decide import route
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.processors.router.model import RouteRequest

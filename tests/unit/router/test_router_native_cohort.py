@@ -90,8 +90,8 @@ def test_nodes_publishing_equal_specs_share_one_model():
     a route's per-model work runs once per distinct layout, not once per node."""
     import msgspec
 
-    from kvpipe.processors.index import NodeState
-    from kvpipe.processors.route_hma import node_model
+    from kvpipe.processors.core.index import NodeState
+    from kvpipe.processors.router.hma import node_model
 
     specs = bench.layout(2)
     nodes = []

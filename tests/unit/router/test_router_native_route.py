@@ -20,7 +20,7 @@ from kvpipe.processors.router.decide import route
 from kvpipe.processors.router.hits import HitSearch
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.processors.router.model import RouteRequest
-from kvpipe.processors.routeapi import NodeLoads
+from kvpipe.processors.router.serving import NodeLoads
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native extension is not built")
 

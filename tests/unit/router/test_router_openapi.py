@@ -9,7 +9,7 @@ import pytest
 from openapi_spec_validator import validate
 from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
 
-from kvpipe.processors.index import Index
+from kvpipe.processors.core.index import Index
 from kvpipe.processors.router import model
 from kvpipe.processors.router.decide import route
 from kvpipe.processors.router.openapi import document, encoded

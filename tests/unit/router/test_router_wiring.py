@@ -1,13 +1,13 @@
 """The router as the processor runs it: load from the nodes' envelopes (the index keeps the latest),
-in-flight accounting fed by the ingest path, and one worker's answer (`kvpipe.processors.routeapi`)."""
+in-flight accounting fed by the ingest path, and one worker's answer (`kvpipe.processors.router.serving`)."""
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from kvpipe.processors import routeapi
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import Ingest
+from kvpipe.processors.router import serving
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import Ingest
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.processors.router.model import Load, RouteRequest
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
@@ -36,9 +36,9 @@ def fleet() -> tuple[Ingest, InFlight]:
 
 
 def answer(ingest: Ingest, inflight: InFlight, req: RouteRequest, now: float = 101.0):
-    local = routeapi.local_answer(ingest.index, inflight, req, [0], None, now=now)
-    parts, missing = routeapi.merge_local([local], [0])
-    return routeapi.answer(parts, missing, req, ingest.index, inflight, now=now)
+    local = serving.local_answer(ingest.index, inflight, req, [0], None, now=now)
+    parts, missing = serving.merge_local([local], [0])
+    return serving.answer(parts, missing, req, ingest.index, inflight, now=now)
 
 
 def test_the_latest_reported_load_is_kept_per_node_and_moves_the_choice():
@@ -47,8 +47,8 @@ def test_the_latest_reported_load_is_kept_per_node_and_moves_the_choice():
     assert answer(ingest, inflight, req).chosen == "a"
     # a reports 25 waiting requests: 1.0 - 25 · 0.05 < 0, the idle empty node wins (decide's formula)
     ingest.handle(message("a", 1, [], waiting=25, running=4, kv_usage=0.9), KAFKA_HEADERS, 0, 2, 101.0)
-    assert routeapi.node_loads(ingest.index) == {"a": Load(running=4, waiting=25, kv_usage=0.9)}
-    loads = routeapi.NodeLoads(ingest.index)
+    assert serving.node_loads(ingest.index) == {"a": Load(running=4, waiting=25, kv_usage=0.9)}
+    loads = serving.NodeLoads(ingest.index)
     assert loads.get("b") is None and loads.get("nobody", Load()) == Load() and "b" not in loads
     with pytest.raises(KeyError):
         loads["b"]  # never reported: no load, as a mapping says it
@@ -56,7 +56,7 @@ def test_the_latest_reported_load_is_kept_per_node_and_moves_the_choice():
     assert got.chosen == "b" and next(r for r in got.nodes if r.node_id == "a").load == Load(4, 25, 0.9)
     # a heartbeat without load fields keeps the last report; a new report replaces it
     ingest.handle(message("a", 2, []), KAFKA_HEADERS, 0, 3, 102.0)
-    assert routeapi.node_loads(ingest.index)["a"].waiting == 25
+    assert serving.node_loads(ingest.index)["a"].waiting == 25
     ingest.handle(message("a", 3, [], waiting=0, running=1, kv_usage=0.1), KAFKA_HEADERS, 0, 4, 103.0)
     assert answer(ingest, inflight, req).chosen == "a"
 

@@ -3,7 +3,7 @@ one consumer group.
 
 Each worker's index holds only the events partitions it owns (a node lives in one partition:
 key = node_id), so a worker asked `/route` asks every other live worker for its *local* answer
-(`?local=1`, which never fans out again) and merges (`kvpipe.processors.routeapi.merge_local`, then
+(`?local=1`, which never fans out again) and merges (`kvpipe.processors.router.serving.merge_local`, then
 `kvpipe.processors.router.decide.finish`). A node's row depends only on that node's own entries, load and
 in-flight requests — all held by the worker that owns its partition — so merging the workers'
 rows gives the answer one worker holding everything would give.
@@ -35,7 +35,7 @@ import asyncio
 import json
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
-from kvpipe.processors.api import ApiError
+from kvpipe.processors.core.httpbody import ApiError
 
 PEER_TIMEOUT_S = 1.0
 LOCAL_PARAM = "local"

@@ -27,8 +27,8 @@ import logging
 import time
 from typing import Any
 
-from kvpipe.processors.ingest import Ingest
-from kvpipe.processors.snapshot import (
+from kvpipe.processors.core.ingest import Ingest
+from kvpipe.processors.core.snapshot import (
     FORMAT,
     Chunk,
     Manifest,
@@ -211,7 +211,7 @@ class SnapshotProducer:
         """The aiokafka producer's keyword arguments (TLS/SASL as the app's own clients)."""
         kwargs = self._client_kwargs
         if kwargs is None:
-            from kvpipe.processors.kafkaconf import aiokafka_kwargs
+            from kvpipe.processors.core.kafkaconf import aiokafka_kwargs
             from kvpipe.schemas.settings import load_settings
 
             kwargs = aiokafka_kwargs(load_settings())
@@ -257,7 +257,7 @@ async def snapshot_reader(bootstrap: str):
     """A group-less aiokafka consumer for reading snapshot partitions (the caller stops it)."""
     from aiokafka import AIOKafkaConsumer
 
-    from kvpipe.processors.kafkaconf import aiokafka_kwargs
+    from kvpipe.processors.core.kafkaconf import aiokafka_kwargs
     from kvpipe.schemas.settings import load_settings
 
     # fetch_max_wait_ms: a fetch issued before our seek long-polls at the partition's end; with

@@ -6,15 +6,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from typing import Any
 
-from kvpipe.processors.api import NODE_STATES, node_state
-from kvpipe.processors.app import settings
-from kvpipe.processors.durability import Durability
-from kvpipe.processors import slots
-from kvpipe.processors.index import Index
-from kvpipe.processors.ingest import Ingest
-from kvpipe.processors.metrics import ProcessorMetrics
+from kvpipe.processors.routing.api import NODE_STATES, node_state
+from kvpipe.processors.routing.app import app, settings
+from kvpipe.processors.core.durability import Durability
+from kvpipe.processors.core import slots
+from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.ingest import Ingest
+from kvpipe.processors.routing.metrics import ProcessorMetrics
 from kvpipe.processors.router.inflight import InFlight
 
 log = logging.getLogger(__name__)
@@ -37,10 +36,27 @@ class Runtime:
         self.started = time.time()
         self.agent_errors = 0
         self.dlq_send_errors = 0
-        self.metrics = ProcessorMetrics()  # /metrics (kvpipe.processors.views); histograms observed where things happen
+        self.metrics = ProcessorMetrics()  # /metrics (kvpipe.processors.routing.views); histograms observed where things happen
 
 
 runtime = Runtime()
+
+
+def owned_partitions() -> list[int]:
+    """Partitions this worker's index answers for: restored and still assigned."""
+    try:
+        assigned = {tp.partition for tp in app.consumer.assignment() if tp.topic == settings.events_topic}
+    except Exception:  # no consumer yet
+        return []
+    return sorted(runtime.durability.owned & assigned)
+
+
+def expected_partitions() -> range:
+    try:
+        n = app.consumer.topic_partitions(settings.events_topic)
+    except Exception:
+        n = None
+    return range(n or settings.partitions)
 
 
 def collect_stats(rt: Runtime, highwater) -> dict:

@@ -26,12 +26,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from kvpipe.processors import slots
-from kvpipe.processors.index import APPLIED, REFUSED
+from kvpipe.processors.core import slots
+from kvpipe.processors.core.index import APPLIED, REFUSED
+from kvpipe.processors.core.outcomes import DLQ, Batch, KafkaRecord
 from kvpipe.schemas.codec import KAFKA_HEADERS
 
 if TYPE_CHECKING:
-    from kvpipe.processors.ingest import Batch, Ingest, KafkaRecord
+    from kvpipe.processors.core.ingest import Ingest
 
 _HEADERS = [(k, bytes(v)) for k, v in KAFKA_HEADERS]
 
@@ -42,8 +43,6 @@ def available() -> bool:
 
 def handle_batch(ingest: Ingest, records: Sequence[KafkaRecord], clock: Callable[[], float] = time.time) -> Batch:
     """`Ingest.handle_batch` with native runs (see the module doc); the same `Batch`."""
-    from kvpipe.processors.ingest import DLQ, Batch
-
     run = slots.kvpipe_native.ingest_run
     if records.__class__ is not list:
         records = list(records)

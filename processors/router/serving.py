@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import msgspec
 
-from kvpipe.processors.index import Index
+from kvpipe.processors.core.index import Index
 from kvpipe.processors.router.decide import finish, record_sent, route_local
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.processors.router.model import Load, LocalRouteAnswer, RouteAnswer, RouteRequest

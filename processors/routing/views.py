@@ -1,7 +1,7 @@
 """HTTP views: JSON in, JSON out; bad input is a 4xx `{"error", "detail"}`, never a 500.
 
 The router endpoints (`/route`, `/route/sent`, `/route/finished`, `/openapi.json`) read and write
-the msgspec Structs of `kvpipe.processors.router.model`; their logic is `kvpipe.processors.routeapi`."""
+the msgspec Structs of `kvpipe.processors.router.model`; their logic is `kvpipe.processors.router.serving`."""
 from __future__ import annotations
 
 import json
@@ -12,10 +12,13 @@ import msgspec
 from faust import web
 from faust.types import TP
 
-from kvpipe.processors import routeapi, scatter, webauth
-from kvpipe.processors.api import ApiError, node_rows, page_rows, parse_nodes_query
-from kvpipe.processors.app import app, settings
-from kvpipe.processors.httpbody import checked_body
+from kvpipe.processors.router import serving
+from kvpipe.processors.routing import routeserve, scatter
+from kvpipe.processors.core import webauth
+from kvpipe.processors.core.httpbody import ApiError
+from kvpipe.processors.routing.api import node_rows, page_rows, parse_nodes_query
+from kvpipe.processors.routing.app import app, settings
+from kvpipe.processors.core.httpbody import checked_body
 from kvpipe.processors.router import openapi
 from kvpipe.processors.router.model import (
     FinishedReport,
@@ -27,7 +30,7 @@ from kvpipe.processors.router.model import (
     decode_request,
 )
 from kvpipe.processors.router.request import Checked, check_request
-from kvpipe.processors.state import collect_stats, runtime
+from kvpipe.processors.routing.state import collect_stats, expected_partitions, owned_partitions, runtime
 
 
 async def _body(request: web.Request) -> bytes:
@@ -52,24 +55,7 @@ def _highwater(partition: int) -> int | None:
         return None
 
 
-# -- the group's view: scatter-gather over the workers (kvpipe.processors.scatter) -------------------------
-
-
-def _owned() -> list[int]:
-    """Partitions this worker's index answers for: restored and still assigned."""
-    try:
-        assigned = {tp.partition for tp in app.consumer.assignment() if tp.topic == settings.events_topic}
-    except Exception:  # no consumer yet
-        return []
-    return sorted(runtime.durability.owned & assigned)
-
-
-def _expected() -> range:
-    try:
-        n = app.consumer.topic_partitions(settings.events_topic)
-    except Exception:
-        n = None
-    return range(n or settings.partitions)
+# -- the group's view: scatter-gather over the workers (kvpipe.processors.routing.scatter) -------------------------
 
 
 def _peer_urls() -> dict[str, list[int]]:
@@ -84,7 +70,7 @@ def _local_nodes(query=None) -> dict:
     limit, after, state = parse_nodes_query(query or {})
     # one row past the page, so the page knows whether a next one exists
     rows = node_rows(runtime.index, time.time(), limit + 1, after, state)
-    return {**page_rows(rows, limit, after, state), "partitions": _owned()}
+    return {**page_rows(rows, limit, after, state), "partitions": owned_partitions()}
 
 
 _peer_headers = webauth.client_headers(settings)  # workers of one group share the token
@@ -107,7 +93,7 @@ def _decode(decoder: msgspec.json.Decoder, data: bytes, what: str) -> Any:
 
 
 def _local_answer(req: RouteRequest, checked: Checked) -> LocalRouteAnswer:
-    return routeapi.local_answer(runtime.index, runtime.inflight, req, _owned(), settings.route_stale_after_s,
+    return serving.local_answer(runtime.index, runtime.inflight, req, owned_partitions(), settings.route_stale_after_s,
                                  checked=checked)
 
 
@@ -121,7 +107,7 @@ async def _record_elsewhere(peers: dict[str, list[int]], forward: SentForward) -
 class Route(web.View):
     """Token ids (or per-group hashes) in; vLLM's hybrid hit per node, scores and a chosen node out
     (processors/router/decide.py). Several workers: each answers for its own nodes (`?local=1`),
-    the one asked merges and chooses (processors/routeapi.py)."""
+    the one asked merges and chooses (processors/router/serving.py)."""
 
     async def post(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
@@ -135,10 +121,10 @@ class Route(web.View):
                 return _typed(self, local)
             mine = _local_answer(req, checked)
             peers = _peer_urls()
-            theirs = [routeapi.decode_local(a) for a in await scatter.ask_all(peers, raw, _ask_route)] if peers else []
-            parts, missing = routeapi.merge_local([mine, *theirs], _expected())
-            answer = routeapi.answer(parts, missing, req, runtime.index, runtime.inflight, checked=checked)
-            if routeapi.needs_forward(answer, req, runtime.index):  # the chosen node's worker records it
+            theirs = [serving.decode_local(a) for a in await scatter.ask_all(peers, raw, _ask_route)] if peers else []
+            parts, missing = serving.merge_local([mine, *theirs], expected_partitions())
+            answer = serving.answer(parts, missing, req, runtime.index, runtime.inflight, checked=checked)
+            if serving.needs_forward(answer, req, runtime.index):  # the chosen node's worker records it
                 await _record_elsewhere(peers, SentForward(req.request_id, answer.chosen, req))  # type: ignore[arg-type]
         except (ApiError, RouteError) as exc:
             return _error(self, exc)
@@ -157,11 +143,11 @@ class RouteSent(web.View):
             raw = await _body(request)
             if scatter.is_local(request.query):
                 fwd = _decode(_forward_decoder, raw, "sent report")
-                why = routeapi.sent_locally(runtime.index, runtime.inflight, fwd.request_id, fwd.node_id, fwd.request)
+                why = serving.sent_locally(runtime.index, runtime.inflight, fwd.request_id, fwd.node_id, fwd.request)
                 return self.bytes(_NOT_RECORDED if why else _RECORDED, content_type="application/json")
             report = _decode(_sent_decoder, raw, "sent report")
             req = RouteRequest(token_ids=report.token_ids)
-            why = routeapi.sent_locally(runtime.index, runtime.inflight, report.request_id, report.node_id, req)
+            why = serving.sent_locally(runtime.index, runtime.inflight, report.request_id, report.node_id, req)
             if why is not None:
                 peers = _peer_urls()
                 if not await _record_elsewhere(peers, SentForward(report.request_id, report.node_id, req)):
@@ -211,7 +197,7 @@ class Nodes(web.View):
             if scatter.is_local(request.query):
                 answer = _local_nodes(request.query)
             else:
-                answer = await scatter.nodes(_local_nodes(request.query), _peer_urls(), _ask_nodes, _expected())
+                answer = await scatter.nodes(_local_nodes(request.query), _peer_urls(), _ask_nodes, expected_partitions())
                 answer.update(page_rows(answer["nodes"], *parse_nodes_query(request.query)))
         except ApiError as exc:
             return _error(self, exc)
@@ -220,10 +206,10 @@ class Nodes(web.View):
 
 def cluster_stats() -> dict:
     consumer = app.consumer
-    return {"url": str(app.conf.canonical_url), "owned_partitions": _owned(), "peers": _peer_urls(),
-            "expected_partitions": list(_expected()),
-            # kvpipe.processors.fastpath: messages handed over directly vs through Faust's wait_first;
-            # kvpipe.processors.batchdelivery: runs handed to the batch handler, their records, records left
+    return {"url": str(app.conf.canonical_url), "owned_partitions": owned_partitions(), "peers": _peer_urls(),
+            "expected_partitions": list(expected_partitions()),
+            # kvpipe.processors.core.fastpath: messages handed over directly vs through Faust's wait_first;
+            # kvpipe.processors.core.batchdelivery: runs handed to the batch handler, their records, records left
             # for the re-fetch after a rebalance
             "deliveries": {"direct": getattr(consumer, "direct_deliveries", None),
                            "waited": getattr(consumer, "waited_deliveries", None),
@@ -233,13 +219,11 @@ def cluster_stats() -> dict:
 @app.page("/stats")
 class Stats(web.View):
     async def get(self, request: web.Request) -> web.Response:
-        from kvpipe.processors.routeserve import serving  # (it imports this module)
-
         return self.json({**collect_stats(runtime, _highwater), "cluster": cluster_stats(),
-                          "route_server": serving.stats()})
+                          "route_server": routeserve.serving.stats()})
 
 
-runtime.metrics.watch(lambda: collect_stats(runtime, _highwater))  # kvpipe.processors.metrics
+runtime.metrics.watch(lambda: collect_stats(runtime, _highwater))  # kvpipe.processors.routing.metrics
 
 
 @app.page("/metrics")
@@ -251,11 +235,11 @@ class Metrics(web.View):
 @app.page("/health")
 class Health(web.View):
     """Liveness for an orchestrator: 200 once the worker serves, with what it owns; open without the
-    API token (kvpipe.processors.webauth.OPEN_PATHS)."""
+    API token (kvpipe.processors.core.webauth.OPEN_PATHS)."""
 
     async def get(self, request: web.Request) -> web.Response:
         return self.json({"status": "ok", "app": "index", "processor_id": settings.processor_id,
-                          "owned_partitions": _owned(), "uptime_s": round(time.time() - runtime.started, 1)})
+                          "owned_partitions": owned_partitions(), "uptime_s": round(time.time() - runtime.started, 1)})
 
 
 def _jsonable(value: Any) -> Any:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from kvpipe.processors.api import NODE_STATES
+from kvpipe.processors.routing.api import NODE_STATES
 
 
 # counter key in /stats → outcome label of kvpipe_processor_envelopes_total. Together they account
@@ -52,7 +52,7 @@ FRESHNESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10
 
 
 class StatsCollector:
-    """Families built from one `/stats` dict (`kvpipe.processors.state.collect_stats`) per scrape."""
+    """Families built from one `/stats` dict (`kvpipe.processors.routing.state.collect_stats`) per scrape."""
 
     def __init__(self, stats: Callable[[], dict[str, Any]], prefix: str = "kvpipe_processor") -> None:
         self.stats = stats

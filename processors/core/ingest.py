@@ -1,6 +1,6 @@
 """One Kafka message → index update, as a plain function shared by the Faust agents and the bench;
-`Ingest.handle_batch` runs it over a partition's fetched records (kvpipe.processors.batchdelivery),
-the records of the common case in native runs with the same results (kvpipe.processors.ingestrun).
+`Ingest.handle_batch` runs it over a partition's fetched records (kvpipe.processors.core.batchdelivery),
+the records of the common case in native runs with the same results (kvpipe.processors.core.ingestrun).
 
 No I/O here: the caller sends DLQ messages and analytics rows with what `Ingest.handle` returns.
 The per-partition bookkeeping (`applied_offset`, stream time) is what makes snapshots exact: a
@@ -25,20 +25,15 @@ and only for a node whose clock ran ahead by more than `max_skew_s`.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
-import msgspec
 
-from kvpipe.processors import ingestrun, slots
-from kvpipe.processors.analytics.rows import LifetimeRow
-from kvpipe.processors.index import APPLIED, REFUSED, Index
-from kvpipe.processors.router.inflight import InFlight
+from kvpipe.processors.core import ingestrun, slots
+from kvpipe.processors.core.index import APPLIED, REFUSED, Index
+from kvpipe.processors.core.outcomes import DLQ, SKIPPED, Batch, EventWatcher, KafkaRecord, Result
 from kvpipe.schemas.codec import INVALID, LAYOUT_MAP, DecodeError, check_headers, decode_envelope, envelope_events
 from kvpipe.schemas.envelope import Envelope
 from kvpipe.schemas.events import BlockRemoved, BlockStored, Event
-
-DLQ = "dlq"
-SKIPPED = "skipped"  # at or below the restored snapshot's offset
 
 HEADER_DLQ_REASON = "kvpipe-dlq-reason"
 HEADER_SOURCE_TOPIC = "kvpipe-source-topic"
@@ -46,42 +41,6 @@ HEADER_SOURCE_PARTITION = "kvpipe-source-partition"
 HEADER_SOURCE_OFFSET = "kvpipe-source-offset"
 HEADER_ORIGINAL_SIZE = "kvpipe-original-size"
 HEADER_TRUNCATED = "kvpipe-truncated"
-
-
-class Result(msgspec.Struct, gc=False):
-    outcome: str  # index.APPLIED | DUPLICATE | STALE | DLQ | SKIPPED
-    env: Envelope | None = None
-    events: list[Event] = []
-    lifetimes: list[LifetimeRow] = []
-    error: DecodeError | None = None
-
-
-class KafkaRecord(Protocol):
-    """A fetched Kafka record as the client gives it (aiokafka's `ConsumerRecord`)."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int | None  # milliseconds, as Kafka stores it
-    timestamp_type: int  # 1 = LogAppendTime (the broker's clock)
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes]] | None
-
-
-class Batch(msgspec.Struct, gc=False):
-    """What `Ingest.handle_batch` did with the front of a run of records.
-
-    The run stops right after a record that needs a side effect before the next one is applied
-    (a DLQ copy, or a failure of the ingest path itself): the caller sends it, then hands over
-    the rest. So side effects happen in offset order, exactly as with one `handle` per message,
-    and a snapshot taken while the caller waits never covers a later record than before."""
-
-    handled: int  # records handled, from the front of the run
-    published: list[float]  # publish time (`sent_ts`, else `ts`) of each applied envelope
-    refused: list[Result]  # REFUSED results (a new node id past `max_nodes`), for the log
-    dlq: Result | None = None  # the last handled record is bad input: its DLQ copy is due
-    failed: Exception | None = None  # the last handled record broke the ingest path (a bug)
 
 
 def _check_events(env: Envelope, events: list[Event]) -> None:
@@ -100,7 +59,7 @@ def _header_pairs(headers: Mapping[str, bytes] | Iterable[tuple[str, bytes]] | N
 class Ingest:
     """The index plus the counters and offsets of the messages that fed it."""
 
-    def __init__(self, index: Index, max_bytes: int, max_skew_s: float = 10.0, inflight: InFlight | None = None,
+    def __init__(self, index: Index, max_bytes: int, max_skew_s: float = 10.0, inflight: EventWatcher | None = None,
                  native_batches: bool = False, native_runs: bool = True) -> None:
         self.index = index
         # vLLM batches read by the native side straight into the index (`slots.parse_batch`), for a
@@ -111,7 +70,7 @@ class Ingest:
         # the router's speculative entries for blocks in flight: a real event replaces its guess
         self.inflight = inflight
         # `handle_batch` hands runs of common-case records to one native call each
-        # (kvpipe.processors.ingestrun); False keeps the reference, one `handle` per record
+        # (kvpipe.processors.core.ingestrun); False keeps the reference, one `handle` per record
         self.native_runs = native_runs and self.native_batches and ingestrun.available()
         self.max_bytes = max_bytes
         self.max_skew_s = max_skew_s
@@ -176,7 +135,7 @@ class Ingest:
         """`handle` for each record of `records` in order, until one needs a side effect (see
         `Batch`). `clock` is read per record: the trusted bound and `ingest_ts` are what a
         record-at-a-time loop would have seen. With `native_runs`, runs of common-case records
-        are handled natively (kvpipe.processors.ingestrun), with the same results as the reference
+        are handled natively (kvpipe.processors.core.ingestrun), with the same results as the reference
         below, which sends every record through `handle`."""
         if self.native_runs:
             return ingestrun.handle_batch(self, records, clock)

@@ -5,14 +5,14 @@ import asyncio
 import logging
 import time
 
-from kvpipe.processors import rebalance
-from kvpipe.processors.app import app, batch_handlers, settings
-from kvpipe.processors.durability import SnapshotProducer
-from kvpipe.processors.index import APPLIED, REFUSED
-from kvpipe.processors.ingest import DLQ, dlq_record
-from kvpipe.processors.lograte import RateLimitedLog
-from kvpipe.processors.state import runtime
-from kvpipe.processors.topics import dlq_topic, events_topic
+from kvpipe.processors.core import rebalance
+from kvpipe.processors.routing.app import app, batch_handlers, settings
+from kvpipe.processors.core.durability import SnapshotProducer
+from kvpipe.processors.core.index import APPLIED, REFUSED
+from kvpipe.processors.core.ingest import DLQ, dlq_record
+from kvpipe.processors.core.lograte import RateLimitedLog
+from kvpipe.processors.routing.state import runtime
+from kvpipe.processors.routing.topics import dlq_topic, events_topic
 from kvpipe.schemas.codec import DecodeError
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ async def ingest(stream) -> None:
 
 
 async def ingest_batch(records, still_current) -> int:
-    """One partition's fetched records in offset order, from the consumer (kvpipe.processors.batchdelivery):
+    """One partition's fetched records in offset order, from the consumer (kvpipe.processors.core.batchdelivery):
     what the agent above does per message, per run. Returns how many were handled from the front:
     all of them, unless a rebalance began while a DLQ copy was being sent (the rest is fetched again)."""
     done = 0

@@ -17,7 +17,55 @@ from itertools import repeat
 from operator import sub
 from typing import Callable, Iterable, Mapping
 
-from kvpipe.processors.analytics.rows import U32_MASK, LifetimeRow
+import msgspec
+
+from kvpipe.schemas.events import ExternalHash
+
+U64_MASK = (1 << 64) - 1
+U32_MASK = (1 << 32) - 1
+
+REASON_EVICTED = "evicted"
+REASON_CLEARED = "cleared"
+REASON_NODE_EXPIRED = "node_expired"
+
+
+def hash_to_u64(h: ExternalHash) -> int:
+    """A vLLM block hash as ClickHouse UInt64.
+
+    Ints are vLLM's external form already (last 8 digest bytes, big-endian); masking keeps a
+    stray negative or wider int in range instead of failing the whole insert. Bytes get vLLM's own
+    conversion (`maybe_convert_block_hash`): the last 8 bytes, big-endian.
+    """
+    if isinstance(h, int):
+        return h & U64_MASK
+    return int.from_bytes(h[-8:], "big")
+
+
+class LifetimeRow(msgspec.Struct, gc=False):
+    """One block lifetime on one node, group and medium: stored → removed.
+
+    `(partition, offset, idx)` are the coordinates of the event that ended the lifetime (for
+    `node_expired`, whatever deterministic message the processor attributes the expiry to); with
+    `block_hash` they identify the row, since one AllBlocksCleared ends many lifetimes.
+    """
+
+    node_id: str
+    epoch: int
+    group_idx: int
+    medium: str
+    block_hash: int  # u64
+    stored_ts: float
+    removed_ts: float
+    reason: str  # REASON_EVICTED | REASON_CLEARED | REASON_NODE_EXPIRED
+    partition: int
+    offset: int
+    idx: int  # -1: ended before the message's events (a new epoch's clear, a node expiry); see lifetime_columns
+    copy_idx: int = 0  # set by the sink (number_copies); see there
+    group_kind: str = ""  # the group's spec kind, set by the analytics app from the node's specs
+    end_reason: str = ""  # `reason` refined by the analytics app (restores.refine_reasons); "" = same as reason
+
+
+
 
 BASE_FIELDS = ("node_id", "epoch", "group_idx", "medium", "block_hash", "stored_ts", "removed_ts", "reason",
                "partition", "offset", "idx")

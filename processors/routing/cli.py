@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from kvpipe.processors.appcli import worker_settings
+from kvpipe.processors.core.appcli import worker_settings
 from kvpipe.schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, json_option, log_level_option
 from kvpipe.schemas.settings import SettingsError, load_settings
 
@@ -54,8 +54,8 @@ def processor(web_port: int | None, web_host: str | None, insecure: bool, state_
         return 2
     from faust.worker import Worker
 
-    from kvpipe.processors import agents, routeserve, views  # noqa: F401  (registers the agent, timers and pages)
-    from kvpipe.processors.app import app
+    from kvpipe.processors.routing import agents, routeserve, views  # noqa: F401  (registers the agent, timers and pages)
+    from kvpipe.processors.routing.app import app
 
     os.makedirs(settings.state_path("processor"), exist_ok=True)
     # Worker installs SIGTERM/SIGINT handlers that stop the app cleanly (final snapshot included).
@@ -88,7 +88,7 @@ def _hash_arg(text: str) -> int | str:
 
 def _print_answer(answer: Any) -> None:
     """A short human-readable answer: the choice, a table of the nodes, the no-signal reasons."""
-    from kvpipe.processors.texttable import render
+    from kvpipe.processors.core.texttable import render
 
     print(f"chosen: {answer.chosen or '(none eligible)'}   semantics: {answer.semantics}   "
           f"num_tokens: {answer.num_tokens}   hashing: {answer.hashing_s * 1e3:.2f} ms   "

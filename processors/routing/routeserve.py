@@ -20,11 +20,10 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from kvpipe.processors import views
-from kvpipe.processors.app import app, settings
+from kvpipe.processors.routing.app import app, settings
 from kvpipe.processors.router.decide import _default_search
 from kvpipe.processors.router.native import NativeRoute, available
-from kvpipe.processors.state import runtime
+from kvpipe.processors.routing.state import expected_partitions, owned_partitions, runtime
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +45,7 @@ class Serving:
             return
         threads = settings.route_threads or len(os.sched_getaffinity(0))
         self.route = NativeRoute(runtime.index, _default_search(), settings.route_stale_after_s,
-                                 serves_all=lambda: set(views._owned()) >= set(views._expected()))
+                                 serves_all=lambda: set(owned_partitions()) >= set(expected_partitions()))
         self.route.refresh(runtime.inflight)
         self.server = self.route.router.serve(settings.web_host, settings.route_port, threads,
                                               settings.api_token_value() or None, settings.http_max_body_bytes,

@@ -6,7 +6,7 @@ Faust runs its recovery (which ends in on_rebalance_complete, its seek to the co
 resuming the streams) concurrently with the on_partitions_assigned signal. So the restore starts on
 assignment, and on_rebalance_complete — which Faust awaits before resuming — makes sure it has
 finished (restore is idempotent and locked) before positioning the consumer
-(`kvpipe.processors.durability` says why the position is set by a commit).
+(`kvpipe.processors.core.durability` says why the position is set by a commit).
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 
 from faust.types import TP
 
-from kvpipe.processors.durability import Durability
-from kvpipe.processors.ingest import Ingest
+from kvpipe.processors.core.durability import Durability
+from kvpipe.processors.core.ingest import Ingest
 
 
 def owned_partitions(app, events_topic: str) -> list[int]:

@@ -1,6 +1,6 @@
 """What starting either Faust app (`kvpipe processor`, `kvpipe analytics`) shares: the command's flags
 become `KVPIPE_*` variables (each app reads its settings once, at import, from the environment),
-the settings load, and the exposure rule is checked (kvpipe.processors.webauth) before any worker starts."""
+the settings load, and the exposure rule is checked (kvpipe.processors.core.webauth) before any worker starts."""
 from __future__ import annotations
 
 import os
@@ -20,7 +20,7 @@ def worker_settings(prog: str, flags: Mapping[str, object], insecure: bool) -> S
     except SettingsError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return None
-    from kvpipe.processors.webauth import ExposureError, check_exposure
+    from kvpipe.processors.core.webauth import ExposureError, check_exposure
 
     try:
         check_exposure(settings, insecure)

@@ -147,7 +147,7 @@ class FastDrainTransport(faust_aiokafka.Transport):
 
 
 def supported(app: faust.App) -> bool:
-    """Whether the drain loops here (and kvpipe.processors.batchdelivery's) fit `app`: the Faust version
+    """Whether the drain loops here (and kvpipe.processors.core.batchdelivery's) fit `app`: the Faust version
     they were checked against, and a Kafka broker URL."""
     if faust.__version__ not in SUPPORTED_FAUST:
         log.warning("faust %s: fast drain not checked for this version; using Faust's own consumer", faust.__version__)

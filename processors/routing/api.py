@@ -1,5 +1,5 @@
 """The HTTP API's logic as plain functions: `/nodes` paging and answers (the router endpoints'
-logic is `kvpipe.processors.routeapi`; metrics are `kvpipe.processors.metrics`).
+logic is `kvpipe.processors.router.serving`; metrics are `kvpipe.processors.routing.metrics`).
 
 `views` only moves bytes between aiohttp and these functions, so every rule here is testable
 without a server. Bad input raises `ApiError` (→ a 4xx JSON body `{"error", "detail"}`).
@@ -7,18 +7,10 @@ without a server. Bad input raises `ApiError` (→ a 4xx JSON body `{"error", "d
 from __future__ import annotations
 
 import heapq
-from typing import Any, Mapping
+from typing import Mapping
 
-from kvpipe.processors.index import Index, NodeState, partial_fields
-
-
-class ApiError(ValueError):
-    def __init__(self, status: int, error: str, detail: Any = None) -> None:
-        super().__init__(error)
-        self.status, self.error, self.detail = status, error, detail
-
-    def body(self) -> dict:
-        return {"error": self.error, "detail": self.detail}
+from kvpipe.processors.core.httpbody import ApiError
+from kvpipe.processors.core.index import Index, NodeState, partial_fields
 
 
 NODE_STATES = ("healthy", "partial", "suspect", "expired")

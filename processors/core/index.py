@@ -2,7 +2,7 @@
 
 This is the hot path (every block of every event passes through `Index.apply`), so it is written
 for speed and measured (`kvpipe bench ingest`); the query side (the store's inverted view, read by
-`kvpipe.processors.route_hma.held_positions` for the router) costs one lookup per requested hash.
+`kvpipe.processors.router.hma.held_positions` for the router) costs one lookup per requested hash.
 
 Invariants:
 - Per node, envelopes are applied in `(epoch, seq)` order: `seq <= last` is a duplicate (skipped,
@@ -34,7 +34,7 @@ Invariants:
   and for expiry, which is attributed to the node's last applied message).
 
 Storage: the per-block state (each slot's blocks with store times and extra copies, and the
-inverted per-group view the router reads) lives in a block store (`kvpipe.processors.slots`): the
+inverted per-group view the router reads) lives in a block store (`kvpipe.processors.core.slots`): the
 native one by default, the dict reference otherwise, equal on every input
 (tests/property/test_native_index.py). Blocks are keyed by their 64-bit form (`slots.key_of`).
 This module keeps the rules around them: per-node order, epochs, liveness, loss, caps, lifetimes.
@@ -46,9 +46,9 @@ from functools import partial
 from typing import Any, Callable, Iterable, Literal
 
 from kvpipe.gpu.layout import layout_problem
-from kvpipe.processors.analytics.lifecols import LifetimeColumns
-from kvpipe.processors.analytics.rows import REASON_CLEARED, REASON_EVICTED, REASON_NODE_EXPIRED, LifetimeRow
-from kvpipe.processors.slots import Slot, StoreKind, batch_event, make_store
+from kvpipe.processors.core.lifetimes import LifetimeColumns
+from kvpipe.processors.core.lifetimes import REASON_CLEARED, REASON_EVICTED, REASON_NODE_EXPIRED, LifetimeRow
+from kvpipe.processors.core.slots import Slot, StoreKind, batch_event, make_store
 from kvpipe.schemas.envelope import Envelope, GroupSpec, HashConfig
 from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 
@@ -136,7 +136,7 @@ class Index:
         # came back or were dropped are skipped lazily, so making room is O(1) amortized, not a scan
         self._expired_order: dict[str, NodeState] = {}
         self.nodes: dict[str, NodeState] = {}
-        self.store = make_store(store)  # the blocks and the inverted view (`kvpipe.processors.slots`)
+        self.store = make_store(store)  # the blocks and the inverted view (`kvpipe.processors.core.slots`)
         # how ended entries come back (`LifetimesMode`); the routing app only counts them (`ended`),
         # which spares an object per evicted block
         mode = {True: "rows", False: "count"}.get(lifetimes, lifetimes)  # type: ignore[call-overload]
@@ -277,7 +277,7 @@ class Index:
 
     def count_events(self, node: NodeState, events: int, stored: int, removed: int, unknown: int) -> None:
         """Add applied events to the index's and the node's counters (also for runs applied
-        natively, `processors/ingestrun.py`)."""
+        natively, `processors/core/ingestrun.py`)."""
         c, nc = self.counters, node.counters
         c["events"] += events
         nc["events"] += events

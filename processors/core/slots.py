@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
-from kvpipe.processors.analytics.rows import U64_MASK
+from kvpipe.processors.core.lifetimes import U64_MASK
 from kvpipe.schemas.events import ExternalHash
 
 try:
@@ -31,7 +31,7 @@ except ImportError:  # not built (KVPIPE_NATIVE=0): the reference store only
 StoreKind = Literal["native", "python"]
 MAX_MEDIA = 0xFFFF  # medium ids the native store records; the last one is shared by any further medium
 STORES: tuple[StoreKind, ...] = ("native", "python")
-GPU = "GPU"  # the medium name vLLM gives device memory (`processors/index.py` names it too)
+GPU = "GPU"  # the medium name vLLM gives device memory (`processors/core/index.py` names it too)
 
 
 def key_of(h: ExternalHash) -> int:

@@ -1,7 +1,7 @@
 """Batched delivery: each partition's run of fetched records goes to one handler call, instead of
 one Faust event per message (`processor_delivery = "batch"`, the default; BENCHMARKS.md, ingest).
 
-Why: with direct delivery (kvpipe.processors.fastpath) the worker still paid Faust's machinery once per
+Why: with direct delivery (kvpipe.processors.core.fastpath) the worker still paid Faust's machinery once per
 message: a `ConsumerMessage`, the conductor's flow-control and producer-buffer awaits, an `Event`,
 the stream queue, the stream iterator with its ack. Here the drain loop hands a partition's records,
 as the client fetched them, to the handler registered for their topic, and does Faust's bookkeeping
@@ -14,7 +14,7 @@ transport/consumer.py), per run instead of per message:
   the offsets are recorded (`_add_gap`) so commits can pass them; `broker_commit_every` commits;
 - the handled records are acked as the stream would ack them: their offsets join `_acked`, so
   Faust's commit timer commits them as before (correctness never trusts a committed offset, see
-  kvpipe.processors.durability, but it is the group's lag for every Kafka tool);
+  kvpipe.processors.core.durability, but it is the group's lag for every Kafka tool);
 - the read offset moves to the last handled record.
 Faust's per-message sensor hooks are not called for batched records (this app's `QuietMonitor`
 ignores them anyway); the end-offset tracking and the stream's last-event time (what Faust's
@@ -25,7 +25,7 @@ streams' flow control active, the consumer generation the records were fetched i
 rest of the fetch is dropped undelivered and unacked. That is what Faust does with such records
 (`getmany` stops, the stream skips other generations), and it is safe for the same reason: every
 rebalance ends with a seek of every assigned partition (Faust's `perform_seek`, to the offsets
-kvpipe.processors.durability commits), so the records are fetched again by the partition's owner.
+kvpipe.processors.core.durability commits), so the records are fetched again by the partition's owner.
 The handler is synchronous except for its side effects (a DLQ send); after each await it asks
 `still_current()` and stops if a rebalance began, and the records it did not report handled are
 neither acked nor skipped over.
@@ -45,7 +45,7 @@ from faust.transport.consumer import CONSUMER_FETCHING
 from faust.types.tuples import ack_lock
 from mode.utils.futures import notify
 
-from kvpipe.processors import fastpath
+from kvpipe.processors.core import fastpath
 
 # (records of one partition in offset order, still_current) → how many were handled from the front:
 # all of them unless still_current() turned False (a rebalance began while it awaited a side effect)

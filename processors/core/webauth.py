@@ -89,7 +89,7 @@ def install(app: Any, settings: Settings) -> None:
     anything touches `app.web` (the blueprints and the aiohttp Application are built there).
 
     The exposure rule is checked here too, not only by the CLI: however the app is started
-    (`faust -A kvpipe.processors.app worker`, an embedding program), a non-loopback bind without a
+    (`faust -A kvpipe.processors.routing.app worker`, an embedding program), a non-loopback bind without a
     token refuses to build the app (ExposureError)."""
     check_exposure(settings)
     for name in _FAUST_PAGES_OFF:

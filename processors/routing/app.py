@@ -2,14 +2,14 @@
 `KVPIPE_*` environment first), so every module below sees one configuration.
 
 Reading order: app (this module) → topics → state (the in-memory index: our "tables") → agents →
-views. Importing `kvpipe.processors.views` and `kvpipe.processors.agents` registers everything on `app`.
+views. Importing `kvpipe.processors.routing.views` and `kvpipe.processors.routing.agents` registers everything on `app`.
 """
 from __future__ import annotations
 
 import faust
 
-from kvpipe.processors import batchdelivery, fastpath, webauth
-from kvpipe.processors.kafkaconf import faust_broker_kwargs
+from kvpipe.processors.core import batchdelivery, fastpath, webauth
+from kvpipe.processors.core.kafkaconf import faust_broker_kwargs
 from kvpipe.processors.router.decide import set_default_search
 from kvpipe.schemas.settings import load_settings
 
@@ -19,7 +19,7 @@ set_default_search(settings.route_search_engine)  # native unless set to "python
 app = faust.App(
     settings.processor_id,
     broker=f"kafka://{settings.bootstrap()}",
-    store="memory://",  # the index is not a Faust table (see kvpipe.processors.durability)
+    store="memory://",  # the index is not a Faust table (see kvpipe.processors.core.durability)
     datadir=str(settings.state_path("processor", settings.processor_id)),
     web_host=settings.web_host,
     web_bind=settings.web_host,
@@ -37,7 +37,7 @@ app = faust.App(
     # `faust -A <this module> worker` imports only this module; discovery imports the agents and
     # views so Faust's own worker runs what `kvpipe` runs (a list, not the package: scanning the
     # whole package would import the other app too).
-    autodiscover=["kvpipe.processors.agents", "kvpipe.processors.views", "kvpipe.processors.routeserve"],
+    autodiscover=["kvpipe.processors.routing.agents", "kvpipe.processors.routing.views", "kvpipe.processors.routing.routeserve"],
     Monitor=fastpath.QuietMonitor,  # Faust's per-event statistics: ~6% of the worker, unread
     **faust_broker_kwargs(settings),  # Kafka TLS/SASL (docs/security.md)
 )
@@ -45,9 +45,9 @@ app = faust.App(
 webauth.install(app, settings)
 
 # Before anything builds the consumer: how fetched messages reach the index. "batch": a partition's
-# fetched run per call to the handler agents.py puts in `batch_handlers` (kvpipe.processors.batchdelivery);
+# fetched run per call to the handler agents.py puts in `batch_handlers` (kvpipe.processors.core.batchdelivery);
 # "message", or a Faust version that was not checked: one at a time through the agent's stream, without
-# Faust's two tasks per message (kvpipe.processors.fastpath).
+# Faust's two tasks per message (kvpipe.processors.core.fastpath).
 batch_handlers: dict[str, batchdelivery.BatchHandler] = {}
 if not (settings.processor_delivery == "batch" and batchdelivery.install(app, batch_handlers)):
     fastpath.install(app)

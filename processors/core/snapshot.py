@@ -11,7 +11,7 @@ the middle leaves chunks without a manifest, which restore ignores. Chunk keys c
 so a new snapshot never overwrites (and compaction never deletes) the chunks of the one before it
 until the new manifest is acknowledged; then the old chunks are tombstoned (`durability`).
 
-On the native store (`processors/slots.py: NativeStore`) slot records are written and read by the
+On the native store (`processors/core/slots.py: NativeStore`) slot records are written and read by the
 extension (native/src/snapshot.rs) as the very bytes msgspec writes for a `SlotSnap`, spliced into
 the chunk as `msgspec.Raw`: no Python object per entry either way, and the format stays 1. The
 walk below in Python stays the reference (the dict store, or the extension not built).
@@ -23,8 +23,8 @@ from collections.abc import Iterator
 
 import msgspec
 
-from kvpipe.processors import slots as _slots
-from kvpipe.processors.index import Index, NodeState
+from kvpipe.processors.core import slots as _slots
+from kvpipe.processors.core.index import Index, NodeState
 from kvpipe.schemas.envelope import GroupSpec, HashConfig
 from kvpipe.schemas.events import ExternalHash
 

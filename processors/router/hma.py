@@ -4,7 +4,7 @@ for the router (`kvpipe.processors.router.decide`).
 Per-group longest prefixes are wrong for hybrid models: with vLLM's default retention a
 sliding-window or Mamba group caches only tail blocks, so its *prefix* is ~0 while the node would
 serve a long hit. So each requested hash is looked up once per group in the inverted view
-(the index's block store, `kvpipe.processors.slots`), giving per node and `(group, medium)` the *positions* of the request's blocks it
+(the index's block store, `kvpipe.processors.core.slots`), giving per node and `(group, medium)` the *positions* of the request's blocks it
 holds (`held_positions`); the hit search then runs on positions (`longest_hybrid_hit_in_views` takes
 any hashable values) on the node's own group specs (`node_model`), so a node costs set lookups,
 never another pass over the index.
@@ -17,7 +17,7 @@ import msgspec
 
 from kvpipe.gpu.hit import longest_hybrid_hit_in_views
 from kvpipe.gpu.layout import NodeLayout, node_layout
-from kvpipe.processors.index import Index, NodeState
+from kvpipe.processors.core.index import Index, NodeState
 from kvpipe.schemas.events import ExternalHash
 
 # Per node: (group, medium) → positions of the request's blocks (in that group's list) it holds.

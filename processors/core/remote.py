@@ -7,7 +7,7 @@ back here by the column types the processor reports, so callers (the report's pl
 values as from an `AnalyticsSink` in process.
 
 Both send the bearer token of the settings (KVPIPE_API_TOKEN / api_token_file) when one is
-configured: a token-protected server answers 401 otherwise (kvpipe.processors.webauth).
+configured: a token-protected server answers 401 otherwise (kvpipe.processors.core.webauth).
 """
 from __future__ import annotations
 

@@ -12,9 +12,19 @@ from typing import Any
 
 import msgspec
 
-from kvpipe.processors.api import ApiError
-
 _decoder = msgspec.json.Decoder()
+
+
+class ApiError(ValueError):
+    """A request either app refuses: `status` (4xx), a short `error` and a `detail`, sent as
+    the JSON body `{"error", "detail"}`."""
+
+    def __init__(self, status: int, error: str, detail: Any = None) -> None:
+        super().__init__(error)
+        self.status, self.error, self.detail = status, error, detail
+
+    def body(self) -> dict:
+        return {"error": self.error, "detail": self.detail}
 
 
 def json_depth_ok(data: bytes, max_depth: int) -> bool:

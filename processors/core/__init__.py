@@ -1,0 +1,3 @@
+"""The shared core of both apps: the live index, what feeds it (ingest), what keeps it
+(snapshots, restore, rebalance), block lifetimes, and the plumbing both Faust apps use (delivery,
+Kafka settings, HTTP bodies and tokens, CLI helpers). Imports no other part of processors/."""
