@@ -11,7 +11,7 @@ int8 tensor that is really float16 misleads every consumer that sizes buffers by
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +39,25 @@ class CanonicalRef:
     part: str
 
 
+@dataclass(frozen=True, slots=True)
+class CanonicalStack:
+    """Canonical tensors `first .. first + count - 1` seen as one uint8 `(count, num_blocks,
+    page_size_bytes)` view: equal rows, one storage, equal distances between the tensors.
+
+    Layers allocated back to back (`allocate_kv_caches`) give one stack per group however many
+    layers it has (FlashAttention's K and V rows interleave at equal distances too), so a gather
+    along dim 1 moves a block set of every layer in one op. Tensors that share no such spacing
+    (buffers allocated one by one) are stacks of one."""
+
+    tensor: torch.Tensor
+    first: int
+    count: int
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.tensor.shape[2]
+
+
 @dataclass(slots=True)
 class CanonicalCaches:
     """All canonical tensors plus, per group, the refs of its layers in layer order.
@@ -55,6 +74,14 @@ class CanonicalCaches:
     num_blocks: int
     tensors: list[CanonicalTensor]
     group_refs: list[list[CanonicalRef]]
+    stacks: list[CanonicalStack] = field(default_factory=list)
+    # tensor index -> (stack index, position in the stack)
+    stack_of: list[tuple[int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.stacks:
+            self.stacks = stack_tensors(self.tensors)
+        self.stack_of = [(s, pos) for s, st in enumerate(self.stacks) for pos in range(st.count)]
 
     def group_copy_widths(self, group_idx: int) -> list[tuple[int, int]]:
         """`(tensor_idx, bytes per row to move)` for a group, each tensor once, in first-use
@@ -92,6 +119,36 @@ def canonicalize(caches: KVCacheTensors) -> CanonicalCaches:
                 refs.append(CanonicalRef(idx, unpadded, name, part))
         group_refs.append(refs)
     return CanonicalCaches(caches.num_blocks, tensors, group_refs)
+
+
+def stack_tensors(tensors: list[CanonicalTensor]) -> list[CanonicalStack]:
+    """Cover `tensors` in index order with the fewest stacks (see `CanonicalStack`)."""
+    stacks: list[CanonicalStack] = []
+    i = 0
+    while i < len(tensors):
+        j, step = i + 1, None
+        while j < len(tensors) and _stacks_with(tensors[j - 1].tensor, tensors[j].tensor, step):
+            step = int(tensors[j].tensor.storage_offset() - tensors[j - 1].tensor.storage_offset())
+            j += 1
+        first = tensors[i].tensor
+        rows, width = first.shape
+        view = first.as_strided((j - i, rows, width), (step or rows * first.stride(0), first.stride(0), 1),
+                                storage_offset=first.storage_offset())
+        stacks.append(CanonicalStack(view, i, j - i))
+        i = j
+    return stacks
+
+
+def _stacks_with(prev: torch.Tensor, nxt: torch.Tensor, step: int | None) -> bool:
+    """Whether `nxt` continues a stack ending in `prev` whose tensors are `step` bytes apart."""
+    if (prev.shape != nxt.shape or prev.stride() != nxt.stride() or prev.device != nxt.device
+            or prev.untyped_storage().data_ptr() != nxt.untyped_storage().data_ptr()):
+        return False
+    gap = nxt.storage_offset() - prev.storage_offset()
+    rows, width = prev.shape
+    # the next tensor must start past the last byte of this one: rows of a stack never overlap,
+    # so a write through the stacked view hits each byte at most once
+    return bool((step is None or gap == step) and gap >= (rows - 1) * prev.stride(0) + width)
 
 
 def layer_byte_views(layer: LayerKVCache, num_blocks: int) -> list[tuple[torch.Tensor, int, str]]:

@@ -83,8 +83,8 @@ Geometry = AttentionGeometry | MambaGeometry
 
 @dataclass(slots=True)
 class LayerKVCache:
-    """One layer's cache. `raw` is the uint8 buffer that owns the bytes (possibly shared with
-    layers of other groups); `tensor` (attention) or `states` (Mamba: conv, ssm) are the typed
+    """One layer's cache. `raw` is the uint8 buffer of its bytes (a slice of one allocation per
+    group, or of the shared one, whose slices other groups' layers may view too); `tensor` (attention) or `states` (Mamba: conv, ssm) are the typed
     views a model would write through."""
 
     name: str
@@ -134,6 +134,10 @@ def allocate_kv_caches(
     vLLM's hybrid allocator overlays groups (the block pool hands each block id to one group
     only, so the overlay never collides). It requires equal page sizes across groups.
     Layer names interleave groups (`layers.{j * num_groups + g}`) like a hybrid model's stack.
+
+    Each group's layers (or, with sharing, the shared buffers) are consecutive slices of one
+    allocation, so their canonical views sit at equal distances and `kvpipe.gpu.canonical` can
+    cover all layers with one strided view: one gather moves a block set of every layer at once.
     """
     if dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"allocate_kv_caches: dtype must be float16, bfloat16 or float32, got {dtype}")
@@ -147,20 +151,34 @@ def allocate_kv_caches(
             raise ValueError(
                 f"allocate_kv_caches: sharing buffers across groups needs one page size, got "
                 f"{pages} bytes per group (pad the Mamba page with page_size_padded)")
-        max_layers = max(g.num_layers for g in groups)
-        shared = [torch.zeros(num_blocks * pages[0], dtype=torch.uint8, device=dev)
-                  for _ in range(max_layers)]
+        shared = _layer_buffers(max(g.num_layers for g in groups), num_blocks * pages[0], dev)
     out = KVCacheTensors(num_blocks=num_blocks, dtype=dtype, device=dev)
     for g_idx, geometry in enumerate(groups):
+        _check_items(geometry, dtype)
+        own = shared or _layer_buffers(geometry.num_layers, num_blocks * pages[g_idx], dev)
         names: list[str] = []
         for j in range(geometry.num_layers):
             name = f"layers.{j * len(groups) + g_idx}"
-            raw = shared[j] if share_across_groups else torch.zeros(
-                num_blocks * pages[g_idx], dtype=torch.uint8, device=dev)
+            raw = own[j]
             out.layers[name] = _build_layer(name, g_idx, geometry, raw, num_blocks, dtype)
             names.append(name)
         out.group_layers.append(names)
     return out
+
+
+def _layer_buffers(count: int, nbytes: int, device: torch.device) -> list[torch.Tensor]:
+    """`count` zeroed uint8 buffers of `nbytes`, back to back in one allocation."""
+    pool = torch.zeros(count * nbytes, dtype=torch.uint8, device=device)
+    return list(pool.split(nbytes))
+
+
+def _check_items(geometry: Geometry, dtype: torch.dtype) -> None:
+    # Checked before any typed view: a layer buffer starts at a multiple of the page inside its
+    # pool, so an odd page would misalign the typed view of every later layer.
+    page = geometry.page_size_bytes(dtype)
+    if page % _itemsize(dtype):
+        raise ValueError(f"{type(geometry).__name__}: page of {page} bytes is not a whole number of "
+                         f"{dtype} items")
 
 
 def _build_layer(name: str, group_idx: int, geometry: Geometry, raw: torch.Tensor,
@@ -176,8 +194,6 @@ def _build_layer(name: str, group_idx: int, geometry: Geometry, raw: torch.Tenso
     # Mamba: each block's page is [conv state | ssm state | padding]; the typed state views
     # stride over whole (padded) pages, exactly as the raw rows do.
     itemsize = _itemsize(dtype)
-    if page % itemsize:
-        raise ValueError(f"{name}: Mamba page of {page} bytes is not a whole number of {dtype} items")
     rows = typed.view(num_blocks, page // itemsize)
     conv_elems = geometry.conv_dim * (geometry.conv_kernel - 1)
     ssm_elems = geometry.ssm_heads * geometry.ssm_head_dim * geometry.d_state

@@ -3,8 +3,9 @@
 A host chunk holds `blocks_per_chunk` consecutive device blocks of one group: for every canonical
 tensor, host row `chunk_id * blocks_per_chunk + j` is the j-th block of the chunk. One `store` or
 `load` call moves any number of (non-contiguous) blocks of any number of groups, across all their
-layers, with a constant number of tensor ops per canonical tensor (plus one per run of adjacent
-host rows on the fast path) — never a Python loop per block.
+layers, with a constant number of tensor ops per transfer and group: the canonical tensors of a
+group form one stacked view (`kvpipe.gpu.canonical.CanonicalStack`), so one gather or scatter
+along the block dim moves every layer at once — never a Python loop per block or per layer.
 """
 from __future__ import annotations
 
@@ -16,25 +17,34 @@ import torch
 
 from kvpipe.gpu.canonical import CanonicalCaches
 
-# A run-per-op copy pays ~10 us of dispatch per run; below this average run length the two-pass
-# staging path (gather, then scatter: always 2 ops per tensor) is cheaper.
+# Runs of adjacent host rows (or device rows) are moved with one single-pass op each while there
+# are at most MAX_RUNS of them or they average MIN_AVG_RUN rows; else a transfer goes through a
+# staging buffer (two passes over the bytes, 2 ops). A run spans every layer of a stack, so the op
+# count of a call depends on how fragmented its chunk ids are, never on the layer count; fresh
+# chunk ids, in any order, are one run.
+MAX_RUNS = 4
 MIN_AVG_RUN = 4
 
 
 @dataclass(slots=True)
 class HostBuffers:
-    """The CPU tier's bytes: per canonical tensor a contiguous uint8 tensor of shape
-    `(num_chunks, page_size_bytes * blocks_per_chunk)`, pinned when a GPU is present so copies
-    can be asynchronous. Padding bytes are allocated (rows mirror device rows) but never moved."""
+    """The CPU tier's bytes: per canonical stack one contiguous uint8 tensor of shape
+    `(num_chunks * blocks_per_chunk, tensors_in_stack, page_size_bytes)`, pinned when a GPU is
+    present so copies can be asynchronous. Host row r holds block-row r of every tensor of the
+    stack side by side, so a chunk is one contiguous byte range across all layers and a run of
+    chunks is one plain copy. Padding bytes are allocated (rows mirror device rows) but never
+    moved."""
 
-    tensors: list[torch.Tensor]
+    pools: list[torch.Tensor]
     num_chunks: int
     blocks_per_chunk: int
+    stack_of: list[tuple[int, int]]  # canonical tensor index -> (pool index, position)
 
     def rows(self, tensor_idx: int) -> torch.Tensor:
-        """The same bytes as `(num_chunks * blocks_per_chunk, page)`: one row per device block."""
-        t = self.tensors[tensor_idx]
-        return t.view(self.num_chunks * self.blocks_per_chunk, t.shape[1] // self.blocks_per_chunk)
+        """One canonical tensor's host bytes as `(num_chunks * blocks_per_chunk, page)`: one row
+        per device block (a strided view into its stack's pool)."""
+        pool, pos = self.stack_of[tensor_idx]
+        return self.pools[pool][:, pos]
 
 
 def allocate_host_buffers(canonical: CanonicalCaches, num_chunks: int, blocks_per_chunk: int,
@@ -44,10 +54,10 @@ def allocate_host_buffers(canonical: CanonicalCaches, num_chunks: int, blocks_pe
                          f"blocks_per_chunk={blocks_per_chunk} must be positive")
     if pin is None:
         pin = torch.cuda.is_available()
-    tensors = [torch.zeros((num_chunks, ct.page_size_bytes * blocks_per_chunk), dtype=torch.uint8,
-                           pin_memory=pin)
-               for ct in canonical.tensors]
-    return HostBuffers(tensors, num_chunks, blocks_per_chunk)
+    pools = [torch.zeros((num_chunks * blocks_per_chunk, st.count, st.page_size_bytes),
+                         dtype=torch.uint8, pin_memory=pin)
+             for st in canonical.stacks]
+    return HostBuffers(pools, num_chunks, blocks_per_chunk, list(canonical.stack_of))
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +99,7 @@ class TransferHandle:
     direction: str
     num_bytes: int
     event: object | None = None  # torch.cuda.Event on CUDA
-    _finish: list[Callable[[], None]] = field(default_factory=list)
+    _finish: list[Callable[[], object]] = field(default_factory=list)
     _keepalive: list[torch.Tensor] = field(default_factory=list)
 
     def done(self) -> bool:
@@ -114,20 +124,32 @@ class TransferHandle:
         self._keepalive.clear()
 
 
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    """Positions `lo .. hi - 1` of one stack that the same transfers (`users`, positions in the
+    call's list of non-empty transfers) touch with the same row width."""
+
+    stack: int
+    lo: int
+    hi: int
+    width: int
+    users: tuple[int, ...]
+
+
 @dataclass(slots=True)
 class _Move:
-    tensor_idx: int
-    width: int
+    segment: _Segment
     dev_rows: np.ndarray
-    host_rows: np.ndarray
+    host_rows: np.ndarray  # ascending; dev_rows[i] pairs with host_rows[i]
 
 
 class BlockMover:
     """Moves blocks between `canonical` (device) and `host`.
 
-    Per canonical tensor a transfer is one gather + one scatter, or, when the host rows form few
-    adjacent runs (fresh chunk ids are handed out sequentially), one op per run that writes straight
-    into (or reads straight from) the host rows — a single pass over the bytes instead of two.
+    Per stack segment a transfer is one gather along the block dim straight into the host rows
+    (or one scatter straight from them) per run of adjacent host rows, sorted, when they form few
+    runs (fresh chunk ids are handed out sequentially; a permutation of them is one run too);
+    else the same per run of device rows; else one gather into staging plus one scatter.
     Bytes are moved as the widest machine word that divides the row width and strides (8-byte
     words index ~3x faster than bytes on CPU). On CUDA every transfer runs on a per-direction side
     stream that first waits for the compute stream, so transfers of one direction stay FIFO; the
@@ -138,16 +160,19 @@ class BlockMover:
     """
 
     def __init__(self, canonical: CanonicalCaches, host: HostBuffers) -> None:
-        if len(host.tensors) != len(canonical.tensors):
-            raise ValueError(f"BlockMover: {len(host.tensors)} host tensors for "
-                             f"{len(canonical.tensors)} canonical tensors")
+        shapes = [tuple(st.tensor.shape[::2]) for st in canonical.stacks]
+        if [tuple(p.shape[1:]) for p in host.pools] != shapes:
+            raise ValueError(f"BlockMover: host pools of shapes {[tuple(p.shape) for p in host.pools]} "
+                             f"do not match the canonical stacks (tensors, page) {shapes}")
         self.canonical = canonical
         self.host = host
         self.device = canonical.tensors[0].tensor.device
         self._cuda = self.device.type == "cuda"
         self._streams: dict[str, object] = {}
-        # CPU path only (synchronous, so one buffer can be reused): staging for fragmented host
-        # rows, kept across calls because a fresh multi-MiB allocation per tensor is page faults.
+        self._segments: dict[tuple[int, ...], list[_Segment]] = {}
+        self._view_cache: dict[tuple[int, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        # CPU path only (synchronous, so one buffer can be reused): staging for fragmented rows,
+        # kept across calls because a fresh multi-MiB allocation per call is page faults.
         self._scratch = torch.empty(0, dtype=torch.uint8)
         if self._cuda:
             self._streams = {"store": torch.cuda.Stream(self.device),
@@ -166,41 +191,71 @@ class BlockMover:
     # -- planning --------------------------------------------------------------------------------
 
     def _plan(self, transfers: Sequence[GroupTransfer]) -> list[_Move]:
-        """One move per canonical tensor: groups overlaying a tensor are concatenated."""
-        bpc = self.host.blocks_per_chunk
-        parts: dict[int, tuple[int, list[np.ndarray], list[np.ndarray]]] = {}
-        for tr in transfers:
-            if not tr.gpu_block_ids:
-                continue
-            dev_rows = np.asarray(tr.gpu_block_ids, dtype=np.int64)
-            if dev_rows.min() < 0 or dev_rows.max() >= self.canonical.num_blocks:
-                raise ValueError(f"group {tr.group_idx}: block ids must be in "
-                                 f"[0, {self.canonical.num_blocks})")
-            host_rows = tr.host_rows(bpc)
-            if host_rows.min() < 0 or host_rows.max() >= self.host.num_chunks * bpc:
-                raise ValueError(f"group {tr.group_idx}: chunk ids must be in "
-                                 f"[0, {self.host.num_chunks})")
-            for t_idx, width in self.canonical.group_copy_widths(tr.group_idx):
-                w, devs, hosts = parts.get(t_idx, (0, [], []))
-                devs.append(dev_rows)
-                hosts.append(host_rows)
-                parts[t_idx] = (max(w, width), devs, hosts)
-        return [_Move(t, w, np.concatenate(d), np.concatenate(h)) for t, (w, d, h) in parts.items()]
+        """One move per segment; the rows of groups sharing a segment are concatenated."""
+        live = [tr for tr in transfers if len(tr.gpu_block_ids)]
+        rows = [self._checked_rows(tr) for tr in live]
+        moves = []
+        for seg in self._segments_of(tuple(tr.group_idx for tr in live)):
+            dev = np.concatenate([rows[u][0] for u in seg.users])
+            host = np.concatenate([rows[u][1] for u in seg.users])
+            order = np.argsort(host, kind="stable")
+            moves.append(_Move(seg, dev[order], host[order]))
+        return moves
 
-    def _views(self, move: _Move) -> tuple[torch.Tensor, torch.Tensor]:
-        """(device rows, host rows), narrowed to the moved width and widened to machine words."""
-        dev = self.canonical.tensors[move.tensor_idx].tensor
-        host = self.host.rows(move.tensor_idx)
-        if move.width != dev.shape[1]:
-            dev, host = dev[:, :move.width], host[:, :move.width]
-        word = _word_dtype(dev, host, move.width)
-        return _as_words(dev, word), _as_words(host, word)
+    def _checked_rows(self, tr: GroupTransfer) -> tuple[np.ndarray, np.ndarray]:
+        bpc = self.host.blocks_per_chunk
+        dev_rows = np.asarray(tr.gpu_block_ids, dtype=np.int64)
+        if dev_rows.min() < 0 or dev_rows.max() >= self.canonical.num_blocks:
+            raise ValueError(f"group {tr.group_idx}: block ids must be in "
+                             f"[0, {self.canonical.num_blocks})")
+        host_rows = tr.host_rows(bpc)
+        if host_rows.min() < 0 or host_rows.max() >= self.host.num_chunks * bpc:
+            raise ValueError(f"group {tr.group_idx}: chunk ids must be in "
+                             f"[0, {self.host.num_chunks})")
+        return dev_rows, host_rows
+
+    def _segments_of(self, groups: tuple[int, ...]) -> list[_Segment]:
+        """Each canonical tensor moves the widest row any of the call's groups uses on it; runs of
+        adjacent stack positions with the same width and the same groups are one segment. Cached:
+        the mix of groups in a call repeats from step to step."""
+        cached = self._segments.get(groups)
+        if cached is not None:
+            return cached
+        widths: dict[int, int] = {}
+        users: dict[int, list[int]] = {}
+        for pos, g in enumerate(groups):
+            for t_idx, width in self.canonical.group_copy_widths(g):
+                widths[t_idx] = max(widths.get(t_idx, 0), width)
+                users.setdefault(t_idx, []).append(pos)
+        segments: list[_Segment] = []
+        for t_idx in sorted(widths):
+            stack, p = self.canonical.stack_of[t_idx]
+            seg = _Segment(stack, p, p + 1, widths[t_idx], tuple(users[t_idx]))
+            last = segments[-1] if segments else None
+            if last is not None and (last.stack, last.hi, last.width, last.users) == (stack, p, seg.width, seg.users):
+                segments[-1] = _Segment(stack, last.lo, p + 1, seg.width, seg.users)
+            else:
+                segments.append(seg)
+        self._segments[groups] = segments
+        return segments
+
+    def _views(self, seg: _Segment) -> tuple[torch.Tensor, torch.Tensor]:
+        """(device, host) views `(blocks, tensors, width)` of a segment, as machine words; the
+        device view is the stack with its block dim first, so both index along dim 0."""
+        key = (seg.stack, seg.lo, seg.hi, seg.width)
+        views = self._view_cache.get(key)
+        if views is None:
+            dev = self.canonical.stacks[seg.stack].tensor[seg.lo:seg.hi, :, :seg.width].permute(1, 0, 2)
+            host = self.host.pools[seg.stack][:, seg.lo:seg.hi, :seg.width]
+            word = _word_dtype(dev, host, seg.width)
+            views = self._view_cache[key] = (_as_words(dev, word), _as_words(host, word))
+        return views
 
     # -- execution -------------------------------------------------------------------------------
 
     def _transfer(self, transfers: Sequence[GroupTransfer], direction: str) -> TransferHandle:
         moves = self._plan(transfers)
-        nbytes = sum(m.width * len(m.dev_rows) for m in moves)
+        nbytes = sum(m.segment.width * (m.segment.hi - m.segment.lo) * len(m.dev_rows) for m in moves)
         handle = TransferHandle(direction, nbytes)
         if not self._cuda:
             for m in moves:
@@ -208,62 +263,79 @@ class BlockMover:
             return handle
         stream = self._streams[direction]
         stream.wait_stream(torch.cuda.current_stream(self.device))  # type: ignore[attr-defined]
-        # Every canonical tensor of a group moves the same rows (one per layer and K/V): upload
-        # each distinct index once per transfer, not once per tensor — the host-side issue time,
-        # not the copy engine, bounded small transfers (measured on an H100; BENCHMARKS.md).
-        indices: dict[bytes, torch.Tensor] = {}
         with torch.cuda.stream(stream):  # type: ignore[arg-type]
-            for m in moves:
-                self._run_cuda(m, direction, handle, indices)
+            if moves:
+                self._issue_cuda(moves, direction, handle)
             handle.event = torch.cuda.Event()
-            handle.event.record(stream)  # type: ignore[attr-defined]
+            handle.event.record(stream)  # type: ignore[arg-type]
         return handle
 
+    def _issue_cuda(self, moves: list[_Move], direction: str, handle: TransferHandle) -> None:
+        # One upload of every move's device rows per call, not one per tensor or move: host-side
+        # issue time, not the copy engine, bounded small transfers (BENCHMARKS.md).
+        dev_idx = torch.from_numpy(np.concatenate([m.dev_rows for m in moves])).pin_memory()
+        dev_idx = dev_idx.to(self.device, non_blocking=True)
+        handle._keepalive.append(dev_idx)
+        start = 0
+        for m in moves:
+            end = start + len(m.dev_rows)
+            self._run_cuda(m, direction, handle, _part(dev_idx, start, end))
+            start = end
+
     def _run_cpu(self, m: _Move, direction: str) -> None:
-        dev, host = self._views(m)
-        dev_idx = torch.from_numpy(m.dev_rows)
+        dev, host = self._views(m.segment)
+        store = direction == "store"
         runs = _runs(m.host_rows)
-        contiguous_host = host.is_contiguous()
-        if direction == "store":
-            if contiguous_host and len(runs) * MIN_AVG_RUN <= len(m.dev_rows):
-                for a, b, r in runs:  # one single-pass gather per adjacent run of host rows
-                    torch.index_select(dev, 0, dev_idx[a:b], out=host[r:r + b - a])
-                return
+        if runs is not None:  # each run of host rows is a plain slice: one pass, no staging
+            idx = torch.from_numpy(m.dev_rows)
+            for a, b, r in runs:
+                rows, part = _part(host, r, r + b - a), _part(idx, a, b)
+                if store:
+                    torch.index_select(dev, 0, part, out=rows)
+                else:
+                    dev.index_copy_(0, part, rows)
+            return
+        order = np.argsort(m.dev_rows, kind="stable")
+        dev_runs = _runs(m.dev_rows[order])
+        if dev_runs is not None:  # scattered chunks, but adjacent device blocks
+            idx = torch.from_numpy(m.host_rows[order])
+            for a, b, d in dev_runs:
+                rows, part = _part(dev, d, d + b - a), _part(idx, a, b)
+                if store:
+                    host.index_copy_(0, part, rows)
+                else:
+                    torch.index_select(host, 0, part, out=rows)
+            return
+        dev_idx, host_idx = torch.from_numpy(m.dev_rows), torch.from_numpy(m.host_rows)
+        if store:
             staged = torch.index_select(dev, 0, dev_idx, out=self._staging(dev, len(m.dev_rows)))
-            host.index_copy_(0, torch.from_numpy(m.host_rows), staged)
+            host.index_copy_(0, host_idx, staged)
         else:
-            if len(runs) * MIN_AVG_RUN <= len(m.dev_rows):
-                for a, b, r in runs:  # source is a plain slice of host rows: no staging
-                    dev.index_copy_(0, dev_idx[a:b], host[r:r + b - a])
-                return
-            staged = torch.index_select(host, 0, torch.from_numpy(m.host_rows),
-                                        out=self._staging(host, len(m.dev_rows)))
+            staged = torch.index_select(host, 0, host_idx, out=self._staging(host, len(m.dev_rows)))
             dev.index_copy_(0, dev_idx, staged)
 
     def _staging(self, like: torch.Tensor, rows: int) -> torch.Tensor:
-        nbytes = rows * like.shape[1] * like.element_size()
+        shape = (rows, *like.shape[1:])
+        nbytes = int(np.prod(shape)) * like.element_size()
         if self._scratch.numel() < nbytes:
             self._scratch = torch.empty(nbytes, dtype=torch.uint8)
-        return self._scratch[:nbytes].view(like.dtype).view(rows, like.shape[1])
+        return self._scratch[:nbytes].view(like.dtype).view(shape)
 
-    def _run_cuda(self, m: _Move, direction: str, handle: TransferHandle, indices: dict[bytes, torch.Tensor]) -> None:
-        dev, host = self._views(m)
+    def _run_cuda(self, m: _Move, direction: str, handle: TransferHandle, dev_idx: torch.Tensor) -> None:
+        dev, host = self._views(m.segment)
         n = len(m.dev_rows)
-        key = m.dev_rows.tobytes()
-        dev_idx = indices.get(key)
-        if dev_idx is None:
-            dev_idx = indices[key] = torch.from_numpy(m.dev_rows).pin_memory().to(self.device, non_blocking=True)
-        staging = torch.empty((n, dev.shape[1]), dtype=dev.dtype, device=self.device)
+        staging = torch.empty((n, *dev.shape[1:]), dtype=dev.dtype, device=self.device)
         runs = _runs(m.host_rows)
-        # per-run async copies need plain slices of host rows; narrowed rows (padded pages) and
-        # fragmented chunk ids go through one pinned staging buffer instead
-        few_runs = len(runs) * MIN_AVG_RUN <= n and host.is_contiguous()
-        handle._keepalive += [dev_idx, staging]
+        # Asynchronous copies need plain contiguous host slices: a segment narrowed to part of a
+        # stack or of a row (padded pages) and fragmented chunk ids go through one pinned
+        # staging buffer instead.
+        direct = runs is not None and host.is_contiguous()
+        handle._keepalive.append(staging)
         if direction == "store":
             torch.index_select(dev, 0, dev_idx, out=staging)
-            if few_runs:
-                for a, b, r in runs:
-                    host[r:r + b - a].copy_(staging[a:b], non_blocking=True)
+            if direct:
+                for a, b, r in runs:  # type: ignore[union-attr]
+                    _part(host, r, r + b - a).copy_(_part(staging, a, b), non_blocking=True)
                 return
             pinned = torch.empty(staging.shape, dtype=staging.dtype, pin_memory=True)
             pinned.copy_(staging, non_blocking=True)
@@ -273,9 +345,9 @@ class BlockMover:
             handle._finish.append(lambda: host.index_copy_(0, host_idx, pinned))
             handle._keepalive.append(pinned)
         else:
-            if few_runs:
-                for a, b, r in runs:
-                    staging[a:b].copy_(host[r:r + b - a], non_blocking=True)
+            if direct:
+                for a, b, r in runs:  # type: ignore[union-attr]
+                    _part(staging, a, b).copy_(_part(host, r, r + b - a), non_blocking=True)
             else:
                 pinned = torch.empty(staging.shape, dtype=staging.dtype, pin_memory=True)
                 torch.index_select(host, 0, torch.from_numpy(m.host_rows), out=pinned)
@@ -284,11 +356,19 @@ class BlockMover:
             dev.index_copy_(0, dev_idx, staging)
 
 
-def _runs(rows: np.ndarray) -> list[tuple[int, int, int]]:
-    """Maximal runs `(start, end, first_row)` of consecutive positions whose rows ascend by one."""
+def _part(t: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """Rows `start:end` of `t`; `t` itself when that is all of it (a slice is one more op)."""
+    return t if start == 0 and end == t.shape[0] else t[start:end]
+
+
+def _runs(rows: np.ndarray) -> list[tuple[int, int, int]] | None:
+    """Maximal runs `(start, end, first_row)` of consecutive positions whose rows ascend by one,
+    or None when they are too many to move one op each (see `MAX_RUNS`)."""
     if len(rows) == 0:
         return []
     breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    if len(breaks) >= max(MAX_RUNS, len(rows) // MIN_AVG_RUN):
+        return None
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [len(rows)]))
     return [(int(a), int(b), int(rows[a])) for a, b in zip(starts, ends)]
@@ -301,7 +381,8 @@ def _word_dtype(dev: torch.Tensor, host: torch.Tensor, width: int) -> torch.dtyp
     for word in _WORDS:
         size = torch.empty((), dtype=word).element_size()
         if width % size == 0 and all(
-                t.stride(0) % size == 0 and t.storage_offset() % size == 0 for t in (dev, host)):
+                all(s % size == 0 for s in t.stride()[:-1]) and t.storage_offset() % size == 0
+                for t in (dev, host)):
             return word
     return torch.uint8
 

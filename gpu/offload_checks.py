@@ -1,4 +1,5 @@
-"""Byte-for-byte verification of offloaded blocks: per-block checksums on both sides.
+"""Byte-for-byte verification of offloaded blocks (per-block checksums on both sides), and the
+count of torch operations a call dispatches.
 
 A block's checksum is, per canonical tensor it touches, two sums over the bytes the offload moves
 (the ref's unpadded width): the plain sum of 32-bit words and their position-weighted sum. The
@@ -8,10 +9,13 @@ not a cryptographic digest.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from kvpipe.gpu.canonical import CanonicalCaches
 from kvpipe.gpu.offload import GroupTransfer, HostBuffers
@@ -48,3 +52,28 @@ def host_block_checksums(canonical: CanonicalCaches, host: HostBuffers,
     for t_idx, width in canonical.group_copy_widths(transfer.group_idx):
         out.append(row_checksums(host.rows(t_idx)[:, :width].index_select(0, idx)))
     return torch.stack(out, dim=1)
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts every aten op that reaches the dispatcher at the Python level: views (slice,
+    permute, dtype views), allocations, index ops, copies. Ops an op runs internally are not seen
+    (the mode is off while an op executes), so this is the number of calls a device would see."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_dispatched_ops(fn: Callable[[], object]) -> tuple[int, dict[str, int]]:
+    """`(total, per op name)` of the torch ops `fn()` dispatches, including the `wait()` of a
+    handle it returns (the deferred host step of a CUDA store runs there)."""
+    counter = _OpCounter()
+    with counter:
+        out = fn()
+        if hasattr(out, "wait"):
+            out.wait()
+    return sum(counter.ops.values()), dict(counter.ops)

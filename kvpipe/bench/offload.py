@@ -5,6 +5,13 @@ one group between the canonical device views and host chunks, through `BlockMove
 timed in the same run and interleaved with it, is a single `copy_` of one contiguous buffer of the
 same size between the same kinds of memory (device -> host, pinned on CUDA). Median of `--reps`.
 
+It also reports what a call costs the host, the bottleneck of small transfers on a GPU:
+`ops_per_store` / `ops_per_load` (and the `_scattered` pair) count the torch operations one call
+dispatches (views, allocations, index ops, copies; counted by a dispatch mode after warm-up, see
+`kvpipe.gpu.offload_checks.count_dispatched_ops`), and `call_us` the median host time until a call
+returns, at the bench's size and for a small transfer of `--call-moved` blocks (where dispatch, not
+bytes, dominates; on CPU a call is synchronous, so it includes the copy).
+
 Threads default to 1: an offload worker shares the host with the scheduler loop, and on a busy
 host every multi-threaded op (one per canonical tensor here) waits at its barrier for the slowest
 thread — measured on a loaded 2-core box, 64 two-thread gathers ran ~5x slower than one thread,
@@ -24,7 +31,7 @@ import torch
 from kvpipe.gpu.canonical import canonicalize
 from kvpipe.gpu.kv_tensors import AttentionGeometry, KVLayout, allocate_kv_caches, default_device
 from kvpipe.gpu.offload import BlockMover, GroupTransfer, allocate_host_buffers
-from kvpipe.gpu.offload_checks import device_block_checksums, host_block_checksums
+from kvpipe.gpu.offload_checks import count_dispatched_ops, device_block_checksums, host_block_checksums
 from kvpipe.schemas.cliopts import Command, run as run_command
 
 
@@ -39,6 +46,9 @@ from kvpipe.schemas.cliopts import Command, run as run_command
               show_default=True, help="KV cache tensor layout")
 @click.option("--blocks-per-chunk", type=int, default=1, show_default=True, help="blocks per host chunk")
 @click.option("--reps", type=int, default=5, show_default=True, help="timed repetitions (median reported)")
+@click.option("--call-moved", type=int, default=1, show_default=True,
+              help="blocks per transfer for the small-call host time")
+@click.option("--call-reps", type=int, default=51, show_default=True, help="repetitions of the small call")
 @click.option("--threads", type=int, default=1,
               help="torch intra-op threads for both sides (0 = torch default; default 1); see above")
 @click.option("--device", default=None, help="cuda or cpu (default: cuda if available)")
@@ -53,7 +63,7 @@ def _timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
         start = time.perf_counter()
         handle = fn()
         if hasattr(handle, "wait"):
-            handle.wait()  # type: ignore[union-attr]
+            handle.wait()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return time.perf_counter() - start
@@ -103,6 +113,13 @@ def _bench(args: SimpleNamespace) -> dict:
             samples[name].append(t(fn))
     gbps = {name: nbytes / statistics.median(s) / 1e9 for name, s in samples.items()}
 
+    ops = {f"ops_per_{name}": count_dispatched_ops(timed[name])[0]
+           for name in ("store", "load", "store_scattered", "load_scattered")}
+    small = GroupTransfer(0, blocks[:args.call_moved], list(range(-(-args.call_moved // bpc))))
+    calls = {"store": _call_us(lambda: mover.store([fresh]), args.reps),
+             "load": _call_us(lambda: mover.load([fresh]), args.reps),
+             "small_store": _call_us(lambda: mover.store([small]), args.call_reps),
+             "small_load": _call_us(lambda: mover.load([small]), args.call_reps)}
     overlap = _overlap(mover, fresh, device, args.reps) if device.type == "cuda" else None
     mover.store([fresh]).wait()
     verified = bool(torch.equal(device_block_checksums(canonical, 0, blocks),
@@ -121,8 +138,19 @@ def _bench(args: SimpleNamespace) -> dict:
         "page_bytes": geometry.page_size_bytes(torch.float16), "blocks_moved": args.moved,
         "device_blocks": args.blocks, "blocks_per_chunk": bpc, "layout": args.layout,
         "reps": args.reps, "threads": torch.get_num_threads(), "verified_bytes": verified,
-        "overlap": overlap,
+        "overlap": overlap, **ops, "call_us": calls, "call_moved": args.call_moved,
     }
+
+
+def _call_us(call: Callable[[], object], reps: int) -> float:
+    """Median host time (µs) until `call()` returns; each call is waited for before the next."""
+    samples = []
+    for _ in range(max(1, reps)):
+        start = time.perf_counter()
+        handle = call()
+        samples.append(time.perf_counter() - start)
+        handle.wait()  # type: ignore[attr-defined]
+    return round(statistics.median(samples) * 1e6, 1)
 
 
 def _overlap(mover: BlockMover, transfer: GroupTransfer, device: torch.device, reps: int) -> dict:

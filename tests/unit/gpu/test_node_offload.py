@@ -32,7 +32,7 @@ def scenario(specs, corrupt_host: bool = False) -> tuple[Node, int]:
         node.step()
     gpu_hit_before = node.manager.coordinator.find_longest_cache_hit(hashes, len(shared) - 1)[1]
     if corrupt_host:
-        for t in node.offload.host.tensors:
+        for t in node.offload.host.pools:
             t.add_(1)
     for _ in range(10):
         node.step()

@@ -87,3 +87,29 @@ def test_mamba_and_attention_overlay_keep_distinct_views_because_strides_differ(
 def test_sharing_needs_equal_page_sizes():
     with pytest.raises(ValueError, match="page size"):
         allocate_kv_caches([FA, MAMBA], NUM_BLOCKS, device="cpu", share_across_groups=True)
+
+
+def test_all_layers_of_a_group_form_one_stack_over_the_live_bytes():
+    kv = allocate_kv_caches([FA, OUTER], NUM_BLOCKS, dtype=torch.float16, device="cpu")
+    canon = canonicalize(kv)
+    assert [(s.first, s.count) for s in canon.stacks] == [(0, 4), (4, 3)]  # FA: K, V per layer
+    assert canon.stack_of == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)]
+    for t, ct in enumerate(canon.tensors):
+        s, pos = canon.stack_of[t]
+        view = canon.stacks[s].tensor[pos]
+        assert view.data_ptr() == ct.tensor.data_ptr() and view.stride() == ct.tensor.stride()
+    kv.group(0)[1].tensor[1, 6].fill_(3.0)  # V of block 6 in the second FA layer = tensor 3
+    assert int(canon.stacks[0].tensor[3, 6].count_nonzero()) > 0
+    assert int(canon.stacks[0].tensor.count_nonzero()) == int(canon.stacks[0].tensor[3, 6].count_nonzero())
+
+
+def test_layers_in_separate_buffers_or_with_other_strides_are_not_stacked_together():
+    kv = allocate_kv_caches([FA], NUM_BLOCKS, dtype=torch.float16, device="cpu")
+    for layer in kv.layers.values():  # one allocation per layer: no equal spacing to rely on
+        layer.raw = layer.raw.clone()
+        layer.tensor = layer.raw.view(torch.float16).view(layer.tensor.shape)
+    assert [(s.first, s.count) for s in canonicalize(kv).stacks] == [(0, 2), (2, 2)]
+    mamba = MambaGeometry(num_layers=1, conv_dim=6, conv_kernel=4, ssm_heads=2, ssm_head_dim=4, d_state=3,
+                          page_size_padded=256)
+    overlay = allocate_kv_caches([FA, mamba], NUM_BLOCKS, device="cpu", share_across_groups=True)
+    assert [(s.first, s.count) for s in canonicalize(overlay).stacks] == [(0, 4), (4, 1)]
