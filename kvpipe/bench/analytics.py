@@ -111,6 +111,7 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
 
     from kvpipe.processors.core import lifetimes as lifecols
     from kvpipe.processors.analytics.derive import GC_THRESHOLDS, message_rows
+    from kvpipe.processors.analytics.tables import EVENTS, LIFETIMES, LOADS, RESTORES
     from kvpipe.processors.core.lifetimes import LifetimeColumns
     from kvpipe.processors.analytics.migrations import apply_migrations
     from kvpipe.processors.analytics.restores import RESTORE_COLUMNS, RestoreTracker, restore_columns
@@ -138,7 +139,9 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
         for n, r in enumerate(records, 1):
             record_ts = r.timestamp if r.timestamp_type == 1 else None
             result = ingest.handle(r.value, r.headers, r.partition, r.offset, time.time(), record_ts)
-            ev, lt, rs, ld = message_rows(result, r.partition, r.offset, index, tracker, time.time())
+            rows = message_rows(result, r.partition, r.offset, index, tracker, time.time())
+            ev, lt, rs, ld = (rows.get(EVENTS, ()), rows.get(LIFETIMES, ()), rows.get(RESTORES, ()),
+                              rows.get(LOADS, ()))
             if len(ev):
                 events.extend(ev)
             if lt:

@@ -19,6 +19,7 @@ import msgspec
 from kvpipe.bench.workload import serving_steps
 from kvpipe.processors.core import lifetimes as lifecols
 from kvpipe.processors.analytics.derive import GC_THRESHOLDS, message_rows
+from kvpipe.processors.analytics.tables import EVENTS, LIFETIMES, RESTORES
 from kvpipe.processors.core.lifetimes import LifetimeColumns
 from kvpipe.processors.analytics.restores import RestoreTracker
 from kvpipe.processors.analytics.rows import EventColumns, lifetime_columns, number_copies
@@ -52,7 +53,8 @@ def run_once(mode: str, messages: list[bytes], batch_rows: int, max_bytes: int, 
     for offset, value in enumerate(messages):
         t0 = clock()
         result = ingest.handle(value, KAFKA_HEADERS, 0, offset, now)
-        ev, lt, rs, _ = message_rows(result, 0, offset, index, tracker, now)
+        rows = message_rows(result, 0, offset, index, tracker, now)
+        ev, lt, rs = rows.get(EVENTS, ()), rows.get(LIFETIMES, ()), rows.get(RESTORES, ())
         t1 = clock()
         agent_s += t1 - t0
         events.extend(ev) if len(ev) else None

@@ -22,6 +22,7 @@ import msgspec
 
 from kvpipe.processors.analytics.restores import RestoreTracker, refine_reasons
 from kvpipe.processors.analytics.rows import event_rows, load_row
+from kvpipe.processors.analytics.tables import EVENTS, LIFETIMES, LOADS, RESTORES
 from kvpipe.processors.core.index import APPLIED, Index
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
 from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
@@ -130,4 +131,4 @@ def _flush(sink, counts: dict, ev: list, lt: list, rs: list, ld: list) -> None:
     counts["lifetimes"] += len(lt)
     counts["restores"] += len(rs)
     counts["loads"] += len(ld)
-    sink.submit(ev, lt, rs, ld)
+    sink.submit({EVENTS: ev, LIFETIMES: lt, RESTORES: rs, LOADS: ld})

@@ -20,6 +20,7 @@ from kvpipe.processors.analytics import derive, restore_state
 from kvpipe.processors.analytics.app import app, events_topic, settings
 from kvpipe.processors.analytics.derive import message_rows
 from kvpipe.processors.analytics.state import runtime
+from kvpipe.processors.analytics.tables import LIFETIMES
 from kvpipe.processors.core.durability import SnapshotProducer
 from kvpipe.processors.core.ingest import Result
 
@@ -89,7 +90,7 @@ def submit(result: Result, partition: int, offset: int) -> None:
     """Queue a message's rows (synchronous: see the module doc). Undecodable input yields none; the
     routing app sends it to the DLQ, this app counts it (`dlq_by_reason` in /stats)."""
     rows = message_rows(result, partition, offset, runtime.index, runtime.restores, time.time())
-    runtime.sink.submit(*rows)
+    runtime.sink.submit(rows)
 
 
 def end_lifetimes(env, lifetimes: list) -> None:
@@ -109,7 +110,7 @@ async def expire_silent_nodes() -> None:
         closed = runtime.index.expire(partition_now(p, now), settings.node_ttl_s, partition=p)
         if closed:
             end_lifetimes(None, closed)
-            runtime.sink.submit([], closed)  # same turn as the expiry: a snapshot never sees one without the other
+            runtime.sink.submit({LIFETIMES: closed})  # same turn as the expiry: a snapshot never sees one without the other
 
 
 def partition_now(partition: int, now: float) -> float:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from kvpipe.processors.core import lifetimes as lifecols
 from kvpipe.processors.core.lifetimes import LifetimeColumns
 from kvpipe.processors.analytics.restores import RestoreTracker, refine_reason_columns, refine_reasons
-from kvpipe.processors.analytics.rows import EventColumns, event_columns_of, group_kinds_of, load_row
+from kvpipe.processors.analytics.rows import event_columns_of, group_kinds_of, load_row
+from kvpipe.processors.analytics.tables import EVENTS, LIFETIMES, LOADS, RESTORES, MessageRows
 from kvpipe.processors.core.index import APPLIED, Index
 from kvpipe.processors.core.ingest import Result
 
@@ -21,8 +22,8 @@ GC_THRESHOLDS = (50_000, 20, 100)
 
 
 def message_rows(result: Result, partition: int, offset: int, index: Index, tracker: RestoreTracker | None,
-                 now: float) -> tuple[EventColumns | list, list | LifetimeColumns, list, list]:
-    """`(event columns, lifetimes, re-stores, load)` for a message. Undecodable input yields none; a
+                 now: float) -> MessageRows:
+    """A message's rows by analytics table (`tables`: event columns, lifetimes, re-stores, load). Undecodable input yields none; a
     message not applied may still end lifetimes (its node's epoch moved on); only an applied one
     (heartbeats too) reports load, as only an applied one moves the index's `node.load`.
 
@@ -31,7 +32,7 @@ def message_rows(result: Result, partition: int, offset: int, index: Index, trac
     if result.outcome != APPLIED:
         if result.lifetimes:
             end_lifetimes(index, tracker, result.env, result.lifetimes)
-        return [], result.lifetimes, [], []
+        return {LIFETIMES: result.lifetimes}
     env = result.env
     kinds = node_kinds(index, env.node_id, env)
     if result.lifetimes.__class__ is LifetimeColumns:
@@ -45,7 +46,7 @@ def message_rows(result: Result, partition: int, offset: int, index: Index, trac
     rows = event_columns_of(env, result.events, partition, offset, now, kinds)
     restores = tracker.observe(env, result.events, result.lifetimes, partition, offset, kinds) if tracker else []
     load = load_row(env, partition, offset)
-    return rows, result.lifetimes, restores, [load] if load is not None else []
+    return {EVENTS: rows, LIFETIMES: result.lifetimes, RESTORES: restores, LOADS: [load] if load is not None else []}
 
 
 def node_kinds(index: Index, node_id: str, env=None) -> dict[int, tuple[str, int]]:

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kvpipe.processors.analytics.restores import CAPACITY_METHOD
-from kvpipe.processors.analytics.saved import list_queries, run_query
+from kvpipe.processors.analytics.saved import list_queries, run_query, run_sql
+from kvpipe.processors.analytics.tables import BY_NAME, store_summary_sql
 
 MAX_TABLE_ROWS = 40
 _METADATA = re.compile(r"<metadata>.*?</metadata>", re.DOTALL)
@@ -180,6 +181,14 @@ def _table(result: dict) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
 
 
+def _store_summary(target: Any) -> str:
+    """What the store holds: one row per analytics table (`tables.TABLES`), counted exactly once."""
+    result = run_sql(target, store_summary_sql())
+    rows = [[name, BY_NAME[name].holds if name in BY_NAME else "", count] for name, count in result["rows"]]
+    return ("<section id='store'><h2>What the store holds</h2>"
+            + _table({"columns": ["table", "holds", "rows"], "rows": rows}) + "</section>")
+
+
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222}
 table{border-collapse:collapse;font-size:12px;margin:.5em 0 2em}td,th{border:1px solid #ccc;padding:2px 6px}
 th{background:#f3f3f3}figure{margin:0}svg{max-width:100%;height:auto}.means{color:#444}.method{font-size:13px}"""
@@ -193,7 +202,8 @@ def build_report(target: Any, out: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     parts = [f"<h1>kvpipe KV-cache capacity report</h1><p>Generated {now} from the saved queries "
-             "(<code>kvpipe sql --saved NAME</code>; counts are exactly-once, read through the FINAL views).</p>"]
+             "(<code>kvpipe sql --saved NAME</code>; counts are exactly-once, read through the FINAL views).</p>",
+             _store_summary(target)]
     queries = list_queries()
     order = [q for q in queries if q.name in PLOTS] + [q for q in queries if q.name not in PLOTS]
     for query in order:

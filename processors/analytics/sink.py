@@ -43,40 +43,17 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any
 
 import clickhouse_connect
 
-from kvpipe.processors.core import lifetimes as lifecols
-from kvpipe.processors.core.lifetimes import LifetimeColumns
 from kvpipe.processors.analytics.migrations import apply_migrations
-from kvpipe.processors.analytics.rows import (
-    EVENT_COLUMNS,
-    LIFETIME_COLUMNS,
-    LOAD_COLUMNS,
-    EventColumns,
-    event_columns,
-    load_columns,
-    number_copies,
-)
-from kvpipe.processors.analytics.restores import RESTORE_COLUMNS, restore_columns
 from kvpipe.processors.analytics.query import bind_values, engine_query
 from kvpipe.processors.analytics.ddltext import first_keyword
 from kvpipe.processors.analytics.sqlguard import checked_sql
+from kvpipe.processors.analytics.tables import BY_NAME, TABLES, MessageRows, rows_count
 
 log = logging.getLogger(__name__)
-
-EVENTS_TABLE = "kv_events"
-LIFETIMES_TABLE = "kv_block_lifetimes"
-RESTORES_TABLE = "kv_restores"
-LOADS_TABLE = "kv_node_load"
-_TABLES: dict[str, tuple[tuple[str, ...], Callable[[list], list[list]]]] = {
-    EVENTS_TABLE: (EVENT_COLUMNS, lambda columns: columns),  # the writer holds events as columns already
-    # the writer holds lifetimes as columns (`LifetimeColumns`, rows lists converted on arrival)
-    LIFETIMES_TABLE: (LIFETIME_COLUMNS, LifetimeColumns.insert_columns),
-    RESTORES_TABLE: (RESTORE_COLUMNS, restore_columns),
-    LOADS_TABLE: (LOAD_COLUMNS, load_columns),
-}
 
 # After a full batch, input quiet this long means the backlog is consumed: write the partial rest
 # now instead of after `flush_s` (see `_run`).
@@ -97,7 +74,7 @@ class AnalyticsSink:
         self._client: Any = None
         self._client_lock = threading.Lock()
         self._cond = threading.Condition()
-        self._queue: deque[tuple[list, list, list, list]] = deque()
+        self._queue: deque[MessageRows] = deque()
         self._unwritten = 0  # rows submitted and not yet acknowledged by the store
         self._submitted = 0  # submit calls so far; flush() waits until _done catches up
         self._done = 0
@@ -107,7 +84,7 @@ class AnalyticsSink:
         self._abandon = False  # close() timed out: stop retrying, leave the rows unacknowledged
         self._thread: threading.Thread | None = None
         self._last_log = 0.0
-        self._c: dict[str, Any] = {f"{t}_{k}": 0 for t in _TABLES for k in ("submitted", "written")}
+        self._c: dict[str, Any] = {f"{t.name}_{k}": 0 for t in TABLES for k in ("submitted", "written")}
         self._c.update(batches=0, errors=0, retries=0, last_error="", store_up=True, store_state="up",
                        store_reason="", refusing_since=None, room_waits=0, room_wait_s=0.0)
 
@@ -152,26 +129,26 @@ class AnalyticsSink:
 
     # --- producer side (the asyncio loop) -----------------------------------------------------------
 
-    def submit(self, event_rows: "list | EventColumns", lifetime_rows: "list | LifetimeColumns",
-               restore_rows: list = (), load_rows: list = ()) -> None:
-        """Queue rows of one message (submit all lifetimes a message ends in one call). Never
-        blocks and never drops: the caller gates on `wait_for_room` before taking more input.
-        Event rows come as `EventColumns` (the agent's fast path) or a list of `EventRow`, lifetimes
-        as `LifetimeColumns` (the agent's) or a list of `LifetimeRow`."""
-        n = len(event_rows) + len(lifetime_rows) + len(restore_rows) + len(load_rows)
+    def submit(self, rows: MessageRows) -> None:
+        """Queue the rows of one message, by table name (`tables.TABLES`; submit all lifetimes a
+        message ends in one call). Never blocks and never drops: the caller gates on
+        `wait_for_room` before taking more input. Each table's rows come in any form its `take`
+        accepts (events and lifetimes as columns or as row lists)."""
+        n = rows_count(rows)
         if n == 0:
             return
+        unknown = set(rows) - set(BY_NAME)
+        if unknown:
+            raise ValueError(f"AnalyticsSink.submit: no such analytics table {sorted(unknown)}")
         with self._cond:
             if self._stop or self._thread is None:
                 raise RuntimeError("AnalyticsSink.submit: the sink is not running (start() it first)")
-            self._queue.append((event_rows, lifetime_rows, restore_rows, load_rows))
+            self._queue.append(rows)
             self._last_submit = time.monotonic()
             self._unwritten += n
             self._submitted += 1
-            self._c[f"{EVENTS_TABLE}_submitted"] += len(event_rows)
-            self._c[f"{LIFETIMES_TABLE}_submitted"] += len(lifetime_rows)
-            self._c[f"{RESTORES_TABLE}_submitted"] += len(restore_rows)
-            self._c[f"{LOADS_TABLE}_submitted"] += len(load_rows)
+            for name, table_rows in rows.items():
+                self._c[f"{name}_submitted"] += len(table_rows)
             self._cond.notify_all()
 
     def has_room(self) -> bool:
@@ -247,12 +224,11 @@ class AnalyticsSink:
     # --- writer thread --------------------------------------------------------------------------
 
     def _run(self) -> None:
-        events = EventColumns()  # columns: the agent builds them, this thread only concatenates
-        lifetimes = LifetimeColumns()  # likewise (a rows list is numbered as rows, then turned into columns)
-        restores: list = []
-        loads: list = []
-        incoming: list = []  # submits taken off the queue, merged into the lists above outside the lock
-        counts = [0, 0, 0, 0]  # rows pending per table (merged + incoming)
+        # Per table its batch (`Table.batch`: events and lifetimes as columns, so this thread only
+        # concatenates and slices) and the rows pending in it plus in `incoming`.
+        batches = {t.name: t.batch() for t in TABLES}
+        incoming: list[MessageRows] = []  # submits taken off the queue, merged into the batches outside the lock
+        counts = dict.fromkeys(batches, 0)
         taken = 0  # submit calls drained into the pending lists
         oldest = 0.0  # monotonic time the oldest pending row was drained
         # Burst: the last write was a full batch, so rows arrive faster than one batch per flush_s
@@ -264,23 +240,21 @@ class AnalyticsSink:
         while True:
             with self._cond:
                 while True:
-                    if self._queue and not any(counts):
+                    if self._queue and not any(counts.values()):
                         oldest = time.monotonic()
                     while self._queue:  # only moved here: submit() waits for this lock, so no work under it
                         item = self._queue.popleft()
                         incoming.append(item)
-                        counts[0] += len(item[0])
-                        counts[1] += len(item[1])
-                        counts[2] += len(item[2])
-                        counts[3] += len(item[3])
+                        for name, rows in item.items():
+                            counts[name] += len(rows)
                         taken += 1
-                    pending = any(counts)
+                    pending = any(counts.values())
                     now = time.monotonic()
                     quiet_at = self._last_submit + self.burst_idle_s if burst else float("inf")
                     # everything pending goes out on stop, flush(), age or a burst's end; otherwise full batches only
                     drain = pending and (self._stop or self._flush_wanted > self._done
                                          or now - oldest >= self.flush_s or now >= quiet_at)
-                    if drain or max(counts) >= self.batch_rows:
+                    if drain or max(counts.values()) >= self.batch_rows:
                         break
                     if self._stop:
                         self._done = taken
@@ -288,42 +262,32 @@ class AnalyticsSink:
                         return
                     self._cond.wait(min(oldest + self.flush_s, quiet_at) - now if pending else None)
             burst = not drain
-            for ev, lt, rs, ld in incoming:
-                if ev:
-                    events.extend(ev if isinstance(ev, EventColumns) else EventColumns(event_columns(ev)))
-                if lt:
-                    if lt.__class__ is LifetimeColumns:
-                        lifecols.number_copies(lt)
-                    else:
-                        number_copies(lt)
-                        lt = LifetimeColumns.from_rows(lt)
-                    lifetimes.extend(lt)
-                if rs:
-                    restores.extend(rs)
-                if ld:
-                    loads.extend(ld)
+            for item in incoming:
+                for name, rows in item.items():
+                    if len(rows):
+                        BY_NAME[name].take(batches[name], rows)
             incoming.clear()
             # Write outside the queue lock so submit() never waits for the engine.
             try:
-                for table, rows in ((EVENTS_TABLE, events), (LIFETIMES_TABLE, lifetimes), (RESTORES_TABLE, restores),
-                                    (LOADS_TABLE, loads)):
+                for name, rows in batches.items():
                     end = len(rows) if drain else len(rows) - len(rows) % self.batch_rows
                     for i in range(0, end, self.batch_rows):
-                        self._write(table, rows[i:min(i + self.batch_rows, end)])
+                        n = min(self.batch_rows, end - i)
+                        self._write(name, rows[i:i + n], n)
                         # acknowledged rows leave the queue count at once: room for the agent
                         with self._cond:
-                            self._unwritten -= min(self.batch_rows, end - i)
+                            self._unwritten -= n
                             self._cond.notify_all()
                     del rows[:end]
             except _Abandoned:
                 return
-            counts = [len(events), len(lifetimes), len(restores), len(loads)]
+            counts = {name: len(rows) for name, rows in batches.items()}
             with self._cond:
-                if not any(counts):
+                if not any(counts.values()):
                     self._done = taken
                 self._cond.notify_all()
 
-    def _write(self, table: str, rows: list) -> None:
+    def _write(self, table: str, rows: Any, n: int) -> None:
         """Insert `rows` until the store acknowledges them (or close() abandons them)."""
         pause = 0.1
         while True:
@@ -332,18 +296,17 @@ class AnalyticsSink:
                 self._store_answered()
                 return
             except Exception as exc:  # noqa: BLE001 - the writer must outlive any insert failure
-                n = len(rows[0]) if table == EVENTS_TABLE else len(rows)  # events travel as columns
                 self._store_refused(table, exc, n, pause)
             with self._cond:
                 if self._cond.wait_for(lambda: self._abandon, timeout=pause):
                     raise _Abandoned()
             pause = min(self.retry_max_s, pause * 2)
 
-    def _insert(self, table: str, rows: list) -> None:
-        columns, to_columns = _TABLES[table]
-        data = to_columns(rows)
+    def _insert(self, table: str, rows: Any) -> None:
+        spec = BY_NAME[table]
+        data = spec.insert(rows)
         with self._client_lock:
-            self._client.insert(table, data, column_names=list(columns), column_oriented=True)
+            self._client.insert(table, data, column_names=list(spec.columns), column_oriented=True)
         with self._cond:
             self._c[f"{table}_written"] += len(data[0])
             self._c["batches"] += 1

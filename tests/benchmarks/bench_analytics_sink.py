@@ -20,6 +20,7 @@ import clickhouse_connect
 
 from kvpipe.processors.analytics.rows import EVENT_COLUMNS, EventRow, event_columns
 from kvpipe.processors.analytics.sink import AnalyticsSink
+from kvpipe.processors.analytics.tables import EVENTS
 
 
 def make_rows(n: int, seed: int = 7) -> list[EventRow]:
@@ -50,7 +51,7 @@ def main() -> None:
         submit_s = 0.0
         for i in range(0, len(rows), args.per_submit):
             s0 = time.perf_counter()
-            sink.submit(rows[i:i + args.per_submit], [])
+            sink.submit({EVENTS: rows[i:i + args.per_submit]})
             submit_s += time.perf_counter() - s0
         assert sink.flush(600)
         sink_s = time.perf_counter() - t0

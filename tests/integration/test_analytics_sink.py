@@ -27,8 +27,9 @@ import clickhouse_connect
 import msgspec
 import pytest
 
+from kvpipe.processors.analytics import tables
 from kvpipe.processors.analytics.migrations import apply_migrations, load_migrations
-from kvpipe.processors.analytics.rows import EventRow, event_rows
+from kvpipe.processors.analytics.rows import event_rows
 from kvpipe.processors.core.lifetimes import LifetimeRow
 from kvpipe.processors.analytics.saved import list_queries, run_query
 from kvpipe.processors.analytics.sink import AnalyticsSink
@@ -78,8 +79,8 @@ LIFETIMES = [
 ]
 
 
-def message_rows(i: int) -> tuple[list[EventRow], list[LifetimeRow], list]:
-    """What the analytics app submits for message i: its event rows, the lifetimes it ended, its re-stores."""
+def message_rows(i: int) -> dict[str, list]:
+    """What the analytics app submits for message i, by table: its event rows, the lifetimes it ended, its re-stores."""
     node, epoch, seq, ts, events = MESSAGES[i]
     specs = SPECS if seq == 0 else None
     env = Envelope(v=1, node_id=node, epoch=epoch, seq=seq, ts=ts, dp_rank=0, group_specs=specs,
@@ -90,7 +91,7 @@ def message_rows(i: int) -> tuple[list[EventRow], list[LifetimeRow], list]:
     ev = event_rows(env, events, partition, offset, ingest_ts=5000.0 + i, group_kinds=kinds)
     lt = [LifetimeRow(n, e, g, "GPU", h, st, rt, why, p, o, idx)
           for n, e, g, h, st, rt, why, p, o, idx in LIFETIMES if (p, o) == (partition, offset)]
-    return ev, lt, RESTORES[i]
+    return {tables.EVENTS: ev, tables.LIFETIMES: lt, tables.RESTORES: RESTORES[i]}
 
 
 def _restores() -> list[list]:
@@ -130,7 +131,7 @@ def open_sink(tmp_path: Path):
 
 def submit_all(sink: AnalyticsSink, indexes=range(len(MESSAGES))) -> None:
     for i in indexes:
-        sink.submit(*message_rows(i))
+        sink.submit(message_rows(i))
     assert sink.flush(30.0)
 
 
@@ -248,7 +249,7 @@ def test_a_block_stored_twice_and_cleared_keeps_both_lifetimes_once(open_sink):
     sink = open_sink()
     twice = [LifetimeRow("n3", 1, 0, "GPU", 55, 10.0, 20.0, "cleared", 2, 9, 0) for _ in range(2)]
     for _ in range(2):  # written, then replayed
-        sink.submit([], [msgspec.structs.replace(r) for r in twice])
+        sink.submit({tables.LIFETIMES: [msgspec.structs.replace(r) for r in twice]})
         assert sink.flush()
     assert sink.query("SELECT count() FROM kv_block_lifetimes_final")["rows"] == [[2]]
 
@@ -269,16 +270,16 @@ def test_query_rejects_writes_and_runs_read_only(open_sink):
     try:
         assert reader.query("SELECT count() AS n FROM kv_events_final")["rows"] == [[0]]
         with pytest.raises(RuntimeError, match="not running"):
-            reader.submit(*message_rows(0))
+            reader.submit(message_rows(0))
     finally:
         reader.close()
 
 
 def test_a_row_the_store_rejects_is_retried_and_loud_never_dropped(open_sink):
     sink = open_sink(retry_max_s=0.2)
-    good, _, _ = message_rows(0)
+    good = message_rows(0)[tables.EVENTS]
     bad = msgspec.structs.replace(good[0], parent_hash=-5, offset=77)  # negative: no UInt64 for it (a bug)
-    sink.submit([good[0], bad, good[1]], [])
+    sink.submit({tables.EVENTS: [good[0], bad, good[1]]})
     assert not sink.flush(2.0), "not acknowledged, so no snapshot may claim these rows"
     c = sink.counters()
     assert (c["kv_events_written"], c["unwritten_rows"], c["store_up"], c["store_state"]) == (0, 3, False, "refusing")
@@ -293,14 +294,14 @@ def test_a_refusing_store_loses_nothing_and_the_queue_bound_waits_asynchronously
     other = clickhouse_connect.get_client(dsn=f"chdb://{tmp_path / 'analytics'}")
     try:
         other.command("RENAME TABLE kv_block_lifetimes TO kv_block_lifetimes_away")
-        sink.submit(*message_rows(1))  # 3 events + 3 lifetimes
+        sink.submit(message_rows(1))  # 3 events + 3 lifetimes
         assert not sink.flush(1.5)
         c = sink.counters()
         assert (c["kv_events_written"], c["kv_block_lifetimes_written"], c["store_state"]) == (3, 0, "refusing")
         assert "kv_block_lifetimes" in c["store_reason"]
         assert not sink.has_room() or c["unwritten_rows"] == 3
 
-        sink.submit(*message_rows(3))  # 2 events + 2 lifetimes more: the bound (5) is passed
+        sink.submit(message_rows(3))  # 2 events + 2 lifetimes more: the bound (5) is passed
 
         async def gate(timeout: float) -> bool:
             try:
@@ -365,10 +366,10 @@ def test_report_has_every_saved_query_and_inline_svg_plots(open_sink, tmp_path):
 def test_a_burst_tail_is_written_when_input_goes_quiet_and_a_trickle_keeps_the_timer(open_sink):
     import time
 
-    events = [r for i in range(len(MESSAGES)) for r in message_rows(i)[0]]
+    events = [r for i in range(len(MESSAGES)) for r in message_rows(i)[tables.EVENTS]]
     assert len(events) >= 5
     sink = open_sink(batch_rows=len(events) - 1, flush_s=60.0)  # one full batch, then a 1-row tail
-    sink.submit(events, [])
+    sink.submit({tables.EVENTS: events})
     deadline = time.monotonic() + 20.0
     while sink.counters()["kv_events_written"] < len(events) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -376,7 +377,7 @@ def test_a_burst_tail_is_written_when_input_goes_quiet_and_a_trickle_keeps_the_t
     assert (c["kv_events_written"], c["unwritten_rows"]) == (len(events), 0), "the tail did not wait for flush_s"
     assert c["batches"] == 2
 
-    sink.submit(events[:2], [])  # a trickle after a partial write: no full batch, so it waits for the timer
+    sink.submit({tables.EVENTS: events[:2]})  # a trickle after a partial write: no full batch, so it waits for the timer
     time.sleep(1.0)
     assert sink.counters()["kv_events_written"] == len(events)
     assert sink.flush(30.0) and sink.counters()["kv_events_written"] == len(events) + 2

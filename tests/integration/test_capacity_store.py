@@ -8,6 +8,7 @@ import pytest
 from kvpipe.processors.analytics.migrations import apply_migrations
 from kvpipe.processors.analytics.saved import list_queries, run_query
 from kvpipe.processors.analytics.sink import AnalyticsSink
+from kvpipe.processors.analytics.tables import RESTORES
 from kvpipe.bench.workload import fill_store, serving_steps
 
 STEPS = 3000
@@ -108,7 +109,7 @@ def test_capacity_curve_in_sql_on_a_cyclic_trace_is_a_step_at_k(store):
     rows = run_lru_trace([i % 10 for i in range(60)], capacity=4)
     for r in rows:
         r.node_id = "cyclic"
-    sink.submit([], [], rows)
+    sink.submit({RESTORES: rows})
     assert sink.flush(30)
     curve = records(sink, "capacity_curve", node="cyclic", extra="-0.5,0,1,1.25,1.5,2")
     assert {r["capacity"] for r in curve} == {4} and {r["restores"] for r in curve} == {50}
@@ -152,7 +153,7 @@ def test_capacity_curve_tokens_follow_each_re_store_block_size_when_they_differ(
                        d, 9, 0, 900_000 + i, 0) for i, d in enumerate([0, 3, 5, 8, 12, 15, 20, 30, 40])]
     uniform = [RestoreRow("uniform", 1, 0, "full_attention", "GPU", 1000 + i, 16, 1.0, 2.0, "evicted", d, 9, 0,
                           910_000 + i, 0) for i, d in enumerate([0, 3, 5, 8, 12, 15, 20, 30, 40])]
-    sink.submit([], [], rows + uniform)
+    sink.submit({RESTORES: rows + uniform})
     assert sink.flush(30)
     for node, group in (("mixed", rows), ("uniform", uniform)):
         curve = records(sink, "capacity_curve", node=node, extra="-0.5,0,1,4")

@@ -9,6 +9,7 @@ import pytest
 from kvpipe.processors.analytics.rows import event_rows
 from kvpipe.processors.analytics.saved import run_query
 from kvpipe.processors.analytics.sink import AnalyticsSink
+from kvpipe.processors.analytics.tables import EVENTS
 from kvpipe.schemas.codec import encode_vllm_batch
 from kvpipe.schemas.envelope import Envelope, GroupSpec
 from kvpipe.schemas.events import BlockRemoved, BlockStored
@@ -51,7 +52,7 @@ def test_gpu_stores_with_a_live_cpu_copy_count_as_cpu_tier_hits(tmp_path):
                            batch=msgspec.Raw(encode_vllm_batch(events, ts)))
             rows = event_rows(env, events, 0 if node == "n1" else 1, seq, ingest_ts=ts,
                               group_kinds={0: ("full_attention", 16)})
-            sink.submit(rows, [], [])
+            sink.submit({EVENTS: rows})
         assert sink.flush(30.0)
         got = run_query(sink, "cpu_tier_hits")
         answer = [dict(zip(got["columns"], row)) for row in got["rows"]]

@@ -12,6 +12,7 @@ import pytest
 
 from kvpipe.processors.analytics import restore_state
 from kvpipe.processors.analytics.derive import end_lifetimes, message_rows
+from kvpipe.processors.analytics.tables import LIFETIMES, RESTORES
 from kvpipe.processors.analytics.restores import RestoreTracker
 from kvpipe.processors.analytics.sink import AnalyticsSink
 from kvpipe.bench.workload import serving_steps
@@ -48,15 +49,15 @@ class Pipeline:
 
     def apply(self, p: int, offset: int, env, events, sink=None) -> None:
         outcome, closed = self.index.apply(env, events, p, offset)
-        ev, lt, rs, ld = message_rows(Result(outcome, env, events, closed), p, offset, self.index, self.tracker, env.ts)
-        self.restores += rs
+        rows = message_rows(Result(outcome, env, events, closed), p, offset, self.index, self.tracker, env.ts)
+        self.restores += rows.get(RESTORES, [])
         if sink is not None:
-            sink.submit(ev, lt, rs, ld)
+            sink.submit(rows)
         if offset % 50 == 49:  # the timer: nodes silent past the TTL by this partition's clock
             expired = self.index.expire(env.ts, partition=p)
             end_lifetimes(self.index, self.tracker, None, expired)
             if sink is not None:
-                sink.submit([], expired)
+                sink.submit({LIFETIMES: expired})
 
 
 def test_the_rebuilt_tracker_continues_exactly_like_the_uninterrupted_one(tmp_path):

@@ -10,6 +10,7 @@ from kvpipe.processors.analytics.rows import (
 from kvpipe.processors.core.lifetimes import LifetimeRow, hash_to_u64
 from kvpipe.processors.analytics.ddltext import split_statements
 from kvpipe.processors.analytics.sqlguard import check_read_only
+from kvpipe.processors.analytics.tables import EVENTS, LOADS
 from kvpipe.schemas.codec import encode_vllm_batch
 from kvpipe.schemas.envelope import Envelope, GroupSpec
 from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -207,7 +208,7 @@ def test_every_applied_envelope_reporting_load_gives_one_row_heartbeats_too_dupl
     silent = _env(stored, seq=2, ts=1241.0)  # reports no load
     duplicate = _env(stored, seq=0, running=9, waiting=9, kv_usage=0.9)  # a replayed seq: not applied
     rows = _ingested([step, heartbeat, silent, duplicate])
-    loads = [r[3] for r in rows]
+    loads = [r.get(LOADS, []) for r in rows]
     assert [[(x.seq, x.running, x.waiting, x.kv_usage, x.offset) for x in ld] for ld in loads] == [
         [(0, 2, 1, 0.1, 0)], [(1, 0, 0, 0.1, 1)], [], []]
-    assert len(rows[0][0]) == 1 and len(rows[1][0]) == 0  # the heartbeat has load but no event rows
+    assert len(rows[0][EVENTS]) == 1 and len(rows[1][EVENTS]) == 0  # the heartbeat has load but no event rows
