@@ -11,6 +11,7 @@ time, no snapshot is written and a restart replays from the previous one.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 import gc
 import logging
 import time
@@ -23,6 +24,8 @@ from kvpipe.processors.analytics.state import runtime
 from kvpipe.processors.analytics.tables import LIFETIMES
 from kvpipe.processors.core.durability import SnapshotProducer
 from kvpipe.processors.core.ingest import Result
+from kvpipe.processors.core.lifetimes import LifetimeColumns, LifetimeRow
+from kvpipe.processors.core.signals import connect
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +96,7 @@ def submit(result: Result, partition: int, offset: int) -> None:
     runtime.sink.submit(rows)
 
 
-def end_lifetimes(env, lifetimes: list) -> None:
+def end_lifetimes(env, lifetimes: list[LifetimeRow] | LifetimeColumns) -> None:
     """Lifetimes ended outside an applied message's events (expiry): kinds, reasons, tracker."""
     derive.end_lifetimes(runtime.index, runtime.restores, env, lifetimes)
 
@@ -215,8 +218,8 @@ async def ensure_tracker_retrying(partition: int) -> None:
             pause = min(30.0, pause * 2)
 
 
-@app.on_rebalance_complete.connect
-async def rebuild_restore_tracker(app, **kwargs) -> None:
+@connect(app.on_rebalance_complete)
+async def rebuild_restore_tracker(app: Any, *args: Any, **kwargs: Any) -> None:
     if runtime.restores is None:
         return
     partitions = owned_partitions()
@@ -228,8 +231,8 @@ async def rebuild_restore_tracker(app, **kwargs) -> None:
                       "first message")
 
 
-@app.on_partitions_revoked.connect
-async def forget_revoked_tracker(app, revoked, **kwargs) -> None:
+@connect(app.on_partitions_revoked)
+async def forget_revoked_tracker(app: Any, revoked: Any, *args: Any, **kwargs: Any) -> None:
     if runtime.restores is None:
         return
     for tp in revoked:
@@ -237,8 +240,8 @@ async def forget_revoked_tracker(app, revoked, **kwargs) -> None:
             runtime.restores.forget_partition(tp.partition)  # memory only: a later restore rebuilds it
 
 
-@app.on_before_shutdown.connect
-async def snapshot_on_shutdown(app, **kwargs) -> None:
+@connect(app.on_before_shutdown)
+async def snapshot_on_shutdown(app: Any, *args: Any, **kwargs: Any) -> None:
     try:
         await _snapshot(sorted(runtime.ingest.applied_offset), REVOKE_FLUSH_S)
     except Exception:

@@ -110,8 +110,8 @@ def sql(statement: str | None, saved: str | None, param_items: tuple[str, ...], 
 
     if list_saved:
         for q in list_queries():
-            params = ", ".join(f"{p.name} {p.type} = {p.default!r}" for p in q.params) or "no parameters"
-            print(f"{q.name:<24} {q.title}\n{'':<24} ({params})")
+            signature = ", ".join(f"{p.name} {p.type} = {p.default!r}" for p in q.params) or "no parameters"
+            print(f"{q.name:<24} {q.title}\n{'':<24} ({signature})")
         return 0
     if (statement is None) == (saved is None):
         raise click.UsageError("give a statement or --saved NAME (or --list)")
@@ -131,6 +131,7 @@ def sql(statement: str | None, saved: str | None, param_items: tuple[str, ...], 
     else:
         if params:
             raise click.UsageError("--param is for --saved queries")
+        assert statement is not None  # exactly one of statement / --saved, checked above
         text, bound = statement, {}
     from kvpipe.processors.analytics.sqlguard import check_read_only
 

@@ -34,8 +34,10 @@ def message_rows(result: Result, partition: int, offset: int, index: Index, trac
             end_lifetimes(index, tracker, result.env, result.lifetimes)
         return {LIFETIMES: result.lifetimes}
     env = result.env
+    if env is None:  # applied means decoded: never, but say so to the reader (and the type checker)
+        raise ValueError("an applied ingest result carries its envelope")
     kinds = node_kinds(index, env.node_id, env)
-    if result.lifetimes.__class__ is LifetimeColumns:
+    if isinstance(result.lifetimes, LifetimeColumns):
         if len(result.lifetimes):  # most messages end none
             refine_reason_columns(env, result.lifetimes)
             lifecols.set_group_kinds(result.lifetimes, lambda _node: kinds)  # the message's kinds for every row
@@ -59,7 +61,7 @@ def node_kinds(index: Index, node_id: str, env=None) -> dict[int, tuple[str, int
 
 def end_lifetimes(index: Index, tracker: RestoreTracker | None, env, lifetimes: list | LifetimeColumns) -> None:
     """Lifetimes ended outside an applied message's events (expiry, epoch change): kinds, reasons, tracker."""
-    if lifetimes.__class__ is LifetimeColumns:
+    if isinstance(lifetimes, LifetimeColumns):
         refine_reason_columns(env, lifetimes)
         lifecols.set_group_kinds(lifetimes, lambda node_id: node_kinds(index, node_id))
     else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from kvpipe.processors.analytics.saved import SavedQuery, list_queries
 
@@ -46,7 +47,7 @@ def dashboard() -> dict:
     for q in queries:
         for p in q.params:
             params.setdefault(p.name, p.default)
-    variables = [{"type": "datasource", "name": "datasource", "query": "grafana-clickhouse-datasource",
+    variables: list[dict[str, Any]] = [{"type": "datasource", "name": "datasource", "query": "grafana-clickhouse-datasource",
                   "label": "ClickHouse"}]
     variables += [{"type": "textbox", "name": name, "label": name, "query": default,
                    "current": {"text": default, "value": default}} for name, default in sorted(params.items())]

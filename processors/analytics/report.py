@@ -106,11 +106,11 @@ def _occupancy(rows: list[dict]) -> str:
         top.step(xs, ys, where="post", label=label)
     top.set_ylabel("blocks held")
     top.legend(fontsize=7, loc="best")
-    for node, points in sorted(usage.items())[:12]:
-        xs, ys = zip(*sorted(points.items()))
+    for node, by_bucket in sorted(usage.items())[:12]:
+        xs, ys = zip(*sorted(by_bucket.items()))
         low.step(xs, ys, where="post", label=f"{node} KV usage %")
-    for node, points in sorted(running.items())[:12]:
-        xs, ys = zip(*sorted(points.items()))
+    for node, by_bucket in sorted(running.items())[:12]:
+        xs, ys = zip(*sorted(by_bucket.items()))
         low.step(xs, ys, where="post", linestyle=":", label=f"{node} running")
     low.set_ylabel("reported load")
     low.set_xlabel("time (UTC)")

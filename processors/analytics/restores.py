@@ -183,8 +183,8 @@ class RestoreTracker:
         `lifetimes` normally come in the order the index closed them, which is event order (`idx`
         non-decreasing; the -1 ones, closed before the events, first); other orders are sorted first.
         """
-        if lifetimes.__class__ is LifetimeColumns:
-            return self._observe_columns(env, events, lifetimes, partition, offset, kinds)  # type: ignore[arg-type]
+        if isinstance(lifetimes, LifetimeColumns):
+            return self._observe_columns(env, events, lifetimes, partition, offset, kinds)
         out: list[RestoreRow] = []
         j, n_ends = 0, len(lifetimes)
         if n_ends > 1 and any(lifetimes[i].idx > lifetimes[i + 1].idx for i in range(n_ends - 1)):
@@ -274,8 +274,8 @@ class RestoreTracker:
 
     def end_all(self, lifetimes: list[LifetimeRow] | LifetimeColumns) -> None:
         """Lifetimes ended outside a message (a node expiry by the timer)."""
-        if lifetimes.__class__ is LifetimeColumns:
-            self._end_columns(lifetimes, _end_reasons(lifetimes), 0, len(lifetimes))  # type: ignore[arg-type]
+        if isinstance(lifetimes, LifetimeColumns):
+            self._end_columns(lifetimes, _end_reasons(lifetimes), 0, len(lifetimes))
             return
         for lt in lifetimes:
             self._end(lt)

@@ -268,11 +268,18 @@ def event_columns_of(env: Envelope, events: list[Event], partition: int, offset:
     kinds: dict[int, tuple[str, int]] = dict(group_kinds or {})
     if env.group_specs:
         kinds.update(group_kinds_of(env))
-    group_c, medium_c, kind_c, spec_c, hashes_c, parent_c, has_parent_c = [], [], [], [], [], [], []
-    nblocks_c, ntokens_c, bsize_c = [], [], []
+    group_c: list[int] = []
+    medium_c: list[str] = []
+    kind_c: list[str] = []
+    spec_c: list[str] = []
+    hashes_c: list[list[int]] = []
+    parent_c: list[int] = []
+    has_parent_c: list[bool] = []
+    nblocks_c: list[int] = []
+    ntokens_c: list[int] = []
+    bsize_c: list[int] = []
     for ev in events:
-        cls = ev.__class__
-        if cls is AllBlocksCleared:
+        if isinstance(ev, AllBlocksCleared):
             group_c.append(-1); medium_c.append(""); kind_c.append(KIND_CLEARED); spec_c.append("")  # noqa: E702
             hashes_c.append([]); parent_c.append(0); has_parent_c.append(False)  # noqa: E702
             nblocks_c.append(0); ntokens_c.append(0); bsize_c.append(0)  # noqa: E702
@@ -283,7 +290,7 @@ def event_columns_of(env: Envelope, events: list[Event], partition: int, offset:
         medium_c.append(ev.medium or "")
         hashes_c.append(hashes)
         nblocks_c.append(len(hashes))
-        if cls is BlockStored:
+        if isinstance(ev, BlockStored):
             kind_c.append(KIND_STORED)
             spec_c.append(ev.kv_cache_spec_kind or kinds.get(group, ("", 0))[0])
             parent = ev.parent_block_hash
@@ -295,7 +302,7 @@ def event_columns_of(env: Envelope, events: list[Event], partition: int, offset:
                 has_parent_c.append(True)
             ntokens_c.append(len(ev.token_ids))
             bsize_c.append(ev.block_size)
-        elif cls is BlockRemoved:
+        elif isinstance(ev, BlockRemoved):
             spec_kind, spec_block_size = kinds.get(group, ("", 0))
             kind_c.append(KIND_REMOVED)
             spec_c.append(spec_kind)
@@ -304,7 +311,7 @@ def event_columns_of(env: Envelope, events: list[Event], partition: int, offset:
             ntokens_c.append(0)
             bsize_c.append(spec_block_size)
         else:
-            raise TypeError(f"node {env.node_id!r} seq {env.seq}: event is {cls.__name__}, not a KV event")
+            raise TypeError(f"node {env.node_id!r} seq {env.seq}: event is {type(ev).__name__}, not a KV event")
     dp_rank = -1 if env.dp_rank is None else env.dp_rank
     return EventColumns([
         [_us(env.ts)] * n, [_us(ingest_ts)] * n, [env.node_id] * n, [env.epoch] * n, [env.seq] * n, [dp_rank] * n,

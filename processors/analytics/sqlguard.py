@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import sqlglot
 from sqlglot import exp
@@ -75,7 +75,8 @@ def _teach_sqlglot_our_aggregates() -> None:
     try:
         from sqlglot.parsers import clickhouse as parser_module
 
-        mapping = parser_module._AGG_FUNC_MAPPING
+        # sqlglot types the table as a read-only Mapping; it is the module's own dict, extended in place.
+        mapping = cast(dict, parser_module._AGG_FUNC_MAPPING)
         suffixes = parser_module._AGG_FUNCTIONS_SUFFIXES
     except (ImportError, AttributeError):
         return
@@ -177,7 +178,10 @@ def _parse_one(sql: str) -> exp.Expression:
         raise SqlRefused("empty SQL: expected one SELECT / WITH / SHOW / DESCRIBE / EXPLAIN statement")
     if len(statements) > 1:
         raise SqlRefused(f"{len(statements)} statements given; run one read-only statement at a time")
-    return statements[0]
+    statement = statements[0]
+    if not isinstance(statement, exp.Expression):  # every statement sqlglot parses is one; refuse rather than guess
+        raise SqlRefused(f"cannot check a {type(statement).__name__}: expected a statement")
+    return statement
 
 
 def _checked_query(query: exp.Expression, database: str) -> CheckedSql:

@@ -11,7 +11,8 @@ row type with its column mapping, and one entry here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Sized
+from typing import Any, Callable, Mapping
 
 from kvpipe.processors.analytics.restores import RESTORE_COLUMNS, RestoreRow, restore_columns
 from kvpipe.processors.analytics.rows import (
@@ -34,12 +35,12 @@ class Table:
 
 
 def _take_events(batch: EventColumns, rows: EventColumns | list[EventRow]) -> None:
-    batch.extend(rows if rows.__class__ is EventColumns else EventColumns(event_columns(rows)))
+    batch.extend(rows if isinstance(rows, EventColumns) else EventColumns(event_columns(rows)))
 
 
 def _take_lifetimes(batch: LifetimeColumns, rows: LifetimeColumns | list[LifetimeRow]) -> None:
     # A copy number is set per submit: a message's lifetimes of one block are numbered together.
-    if rows.__class__ is LifetimeColumns:
+    if isinstance(rows, LifetimeColumns):
         lifecols.number_copies(rows)
     else:
         number_copies(rows)
@@ -73,7 +74,7 @@ TABLES: tuple[Table, ...] = (
 BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
 
 # The rows of one message, by table name; a table with nothing to write may be absent.
-MessageRows = Mapping[str, Sequence[Any]]
+MessageRows = Mapping[str, Sized]
 
 
 def rows_count(rows: MessageRows) -> int:

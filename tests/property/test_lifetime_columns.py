@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from kvpipe.processors.core import slots
 from kvpipe.processors.core import lifetimes as lifecols
+from kvpipe.processors.analytics import tables
 from kvpipe.processors.analytics.derive import end_lifetimes, message_rows
 from kvpipe.processors.core.lifetimes import LifetimeColumns
 from kvpipe.processors.analytics.restores import RestoreTracker
@@ -111,7 +112,8 @@ def test_the_analytics_path_writes_the_same_rows_from_columns(store, envelopes, 
         value = _message(env, events)
         for k, (ingest, index, tracker) in enumerate(paths):
             result = ingest.handle(value, KAFKA_HEADERS, partition, offset, 1e9)
-            _, lts, restores, _ = message_rows(result, partition, offset, index, tracker, 0.0)
+            rows = message_rows(result, partition, offset, index, tracker, 0.0)
+            lts, restores = rows[tables.LIFETIMES], rows.get(tables.RESTORES, [])
             ends = [lts]
             if timer is not None:
                 expired = index.expire(env.ts + 35.0, partition=timer)
