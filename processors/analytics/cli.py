@@ -4,10 +4,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import click
 
+from kvpipe.processors.analytics import formats
 from kvpipe.processors.core.appcli import worker_settings
 from kvpipe.schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, json_option, log_level_option
 from kvpipe.schemas.settings import SettingsError, load_settings
@@ -86,26 +88,34 @@ def _analytics_url(url: str | None) -> str:
     return f"http://{s.web_host}:{s.analytics_web_port}"
 
 
-FORMATS = ("table", "markdown", "csv", "json")
-
-
-@click.command("sql", cls=Command, help=(
+@click.command("sql", cls=Command, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+               help=(
     "Run a read-only query on the analytics store, or a saved capacity-planning query by name "
     "(infra/clickhouse/queries; --list shows them): embedded chDB is read through the running "
     "analytics app (`kvpipe analytics`, the only process that may open it), a ClickHouse server "
-    "(http/https DSN) directly.\n\nSTATEMENT: SELECT / WITH / SHOW / DESCRIBE / EXPLAIN."))
+    "(http/https DSN) directly. Like clickhouse-client: the statement as -q/--query (or an argument, "
+    "or on standard input: `-` or none given), parameters as --param_NAME=VALUE bound to the "
+    "statement's {NAME:Type} placeholders, ClickHouse's format names.\n\n"
+    "STATEMENT: SELECT / WITH / SHOW / DESCRIBE / EXPLAIN."))
 @click.argument("statement", required=False)
+@click.option("-q", "--query", "query_text", metavar="SQL", help="the statement (as clickhouse-client's --query)")
 @click.option("--saved", metavar="NAME", help="run the saved query NAME instead of a statement")
 @click.option("--param", "param_items", multiple=True, metavar="NAME=VALUE",
-              help="a saved query's parameter (repeatable; --list shows each query's parameters)")
+              help="a parameter (repeatable), the same as --param_NAME=VALUE; --list shows each saved query's")
 @click.option("--list", "list_saved", is_flag=True, help="list the saved queries with their parameters")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table",
-              help="table (default), markdown (GitHub table), csv, or json ({columns, types, rows})")
-@json_option(help="same as --format json")
+@click.option("--format", "fmt", type=click.Choice(formats.NAMES), default=None,
+              help="output format: ClickHouse's TabSeparated (TSV), TabSeparatedWithNames, CSV, CSVWithNames, "
+                   "JSON ({meta, data, rows, statistics}), JSONEachRow, PrettyCompact, Markdown; or table "
+                   "(the default), markdown, csv (with a header) or json")
+@click.option("-o", "--output", type=click.Choice(("table", "json")), default=None,
+              help="table or json, as every kvpipe command that prints data takes it")
+@json_option(help="same as --output json")
 @click.option("--url", help="analytics app base URL (embedded mode; default: "
                             "http://<web_host>:<analytics_web_port>)")
-def sql(statement: str | None, saved: str | None, param_items: tuple[str, ...], list_saved: bool, fmt: str,
-        as_json: bool, url: str | None) -> int:
+@click.pass_context
+def sql(ctx: click.Context, statement: str | None, query_text: str | None, saved: str | None,
+        param_items: tuple[str, ...], list_saved: bool, fmt: str | None, output: str | None, as_json: bool,
+        url: str | None) -> int:
     from kvpipe.processors.analytics.saved import list_queries, load_query
 
     if list_saved:
@@ -113,14 +123,21 @@ def sql(statement: str | None, saved: str | None, param_items: tuple[str, ...], 
             signature = ", ".join(f"{p.name} {p.type} = {p.default!r}" for p in q.params) or "no parameters"
             print(f"{q.name:<24} {q.title}\n{'':<24} ({signature})")
         return 0
+    # click leaves clickhouse-client's --param_NAME options among the positional arguments
+    loose = [a for a in ([statement] if statement is not None else []) + list(ctx.args)]
+    statements, param_args = _split_loose(loose)
+    if len(statements) > 1:
+        raise click.UsageError(f"one statement at a time; got {len(statements)} arguments")
+    statement = statements[0] if statements else None
+    params = _params(param_items, param_args)
+    if statement is not None and query_text is not None:
+        raise click.UsageError("give the statement once: as an argument or as -q/--query")
+    statement = query_text if query_text is not None else statement
+    if statement in (None, "-") and saved is None and (statement == "-" or not sys.stdin.isatty()):
+        statement = sys.stdin.read()
     if (statement is None) == (saved is None):
-        raise click.UsageError("give a statement or --saved NAME (or --list)")
-    params: dict[str, str] = {}
-    for item in param_items:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{item!r}: expected NAME=VALUE", param_hint="--param")
-        params[name] = value
+        raise click.UsageError("give a statement (argument, -q/--query or standard input) or --saved NAME (or --list)")
+    fmt = _output_format(fmt, output, as_json)
     if saved is not None:
         try:
             query = load_query(saved)
@@ -129,10 +146,8 @@ def sql(statement: str | None, saved: str | None, param_items: tuple[str, ...], 
             print(f"kvpipe sql: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
             return 2
     else:
-        if params:
-            raise click.UsageError("--param is for --saved queries")
         assert statement is not None  # exactly one of statement / --saved, checked above
-        text, bound = statement, {}
+        text, bound = statement, dict(params)
     from kvpipe.processors.analytics.sqlguard import check_read_only
 
     try:  # checked here too, so a write is refused with a clear reason even when no store answers
@@ -140,29 +155,71 @@ def sql(statement: str | None, saved: str | None, param_items: tuple[str, ...], 
     except ValueError as exc:
         print(f"kvpipe sql: statement not allowed: {exc}", file=sys.stderr)
         return 2
+    started = time.monotonic()
     result = _run_remote("kvpipe sql", url, lambda target: target(text, bound))
     if result is None:
         return 1
-    print_result(result, "json" if as_json else fmt)
+    sys.stdout.write(formats.write(result, fmt, time.monotonic() - started))
     return 0
 
 
+def _split_loose(args: list[str]) -> tuple[list[str], list[str]]:
+    """`(statements, --param_NAME arguments with their values)` of the arguments click did not parse."""
+    statements: list[str] = []
+    params: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--param_"):
+            params.append(arg)
+            if "=" not in arg and i + 1 < len(args):
+                i += 1
+                params.append(args[i])
+        elif arg.startswith("-") and arg != "-":
+            raise click.UsageError(f"no such option: {arg}")
+        else:
+            statements.append(arg)
+        i += 1
+    return statements, params
+
+
+def _params(items: tuple[str, ...], extra: list[str]) -> dict[str, str]:
+    """`--param NAME=VALUE` items and clickhouse-client's `--param_NAME=VALUE` / `--param_NAME VALUE`
+    (left in `extra` by click, which cannot declare option names made of a prefix)."""
+    params: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r}: expected NAME=VALUE", param_hint="--param")
+        params[name] = value
+    i = 0
+    while i < len(extra):
+        arg = extra[i]
+        if not arg.startswith("--param_"):
+            raise click.UsageError(f"unexpected argument {arg!r}")
+        name, sep, value = arg[len("--param_"):].partition("=")
+        if not sep:
+            if i + 1 >= len(extra):
+                raise click.BadParameter(f"{arg}: expected a value", param_hint=arg)
+            i, value = i + 1, extra[i + 1]
+        if not name:
+            raise click.BadParameter(f"{arg!r}: expected --param_NAME=VALUE", param_hint="--param_NAME")
+        params[name] = value
+        i += 1
+    return params
+
+
+def _output_format(fmt: str | None, output: str | None, as_json: bool) -> str:
+    """One format from --format, -o/--output and --json, which must agree."""
+    wanted = {formats.canonical(f) for f in (fmt, output, "json" if as_json else None) if f is not None}
+    if len(wanted) > 1:
+        raise click.UsageError(f"--format, -o/--output and --json disagree ({', '.join(sorted(wanted))})")
+    return wanted.pop() if wanted else "table"
+
+
 def print_result(result: dict, fmt: str) -> None:
-    """A query result `{columns, rows, ...}` as `fmt` (FORMATS); csv and json keep exact values."""
-    if fmt == "json":
-        print(json.dumps(result, default=str))
-    elif fmt == "csv":
-        import csv
-
-        out = csv.writer(sys.stdout, lineterminator="\n")
-        out.writerow(result.get("columns", []))
-        out.writerows([["" if v is None else v for v in row] for row in result.get("rows", [])])
-    else:
-        from kvpipe.processors.core.texttable import render
-
-        rows = result.get("rows", [])
-        print(render(result.get("columns", []), rows, style="markdown" if fmt == "markdown" else "text"))
-        print(f"({len(rows)} rows)")
+    """A query result `{columns, rows, ...}` in format `fmt` (formats.NAMES)."""
+    sys.stdout.write(formats.write(result, fmt))
 
 
 def _run_remote(prog: str, url: str | None, work):

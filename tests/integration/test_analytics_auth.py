@@ -66,6 +66,8 @@ def test_analytics_endpoints_need_the_token_and_kvpipe_sql_sends_it(kafka_bootst
         assert status == 200
         store = json.loads(health)["store"]  # open: the store's state, never the engine's error text
         assert "state" in store and "reason" not in store
+        status, _, body = call(app.url + "/openapi.json")  # open, as the routing app's: it describes, reveals no state
+        assert status == 200 and set(json.loads(body)["paths"]) >= {"/sql", "/stats", "/health", "/metrics"}
         status, body = _sql(app.url, "SELECT count() AS n FROM kv_events_final", None)
         assert status == 401 and body["error"] == "unauthorized"
         status, body = _sql(app.url, "SELECT count() AS n FROM kv_events_final", TOKEN)
@@ -84,7 +86,7 @@ def test_analytics_endpoints_need_the_token_and_kvpipe_sql_sends_it(kafka_bootst
         cli_env = {"KVPIPE_ANALYTICS_WEB_PORT": str(port), "KVPIPE_STATE_DIR": str(tmp_path / "state")}
         ok = _cli({**cli_env, "KVPIPE_API_TOKEN": TOKEN}, tmp_path, "sql", "--json", "SELECT 1 AS one")
         assert ok.returncode == 0, ok.stderr
-        assert json.loads(ok.stdout)["rows"] == [[1]]
+        assert json.loads(ok.stdout)["data"] == [{"one": 1}]
         refused = _cli(cli_env, tmp_path, "sql", "SELECT 1 AS one")
         assert refused.returncode == 1 and "unauthorized" in refused.stderr
         time.sleep(0.5)

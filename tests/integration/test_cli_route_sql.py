@@ -45,9 +45,9 @@ class Cli:
         return subprocess.Popen([sys.executable, "-m", "kvpipe", *args], env=self.env, cwd=self.cwd,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def run(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    def run(self, *args: str, timeout: float = 60.0, stdin: str | None = None) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "kvpipe", *args], env=self.env, cwd=self.cwd,
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout, input=stdin)
 
 
 class Running:
@@ -137,9 +137,9 @@ def test_sql_prints_a_table_and_json_read_through_the_analytics_app(running: Run
     assert lines[5] == "(1 rows)"
     done = running.cli.run("sql", "--json", "SELECT kind, count() AS n FROM kv_events_final GROUP BY kind ORDER BY kind")
     assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
-    assert result["columns"] == ["kind", "n"]
-    assert result["rows"] == [["removed", 2], ["stored", 4]]
+    result = json.loads(done.stdout)  # ClickHouse's JSON layout
+    assert [m["name"] for m in result["meta"]] == ["kind", "n"]
+    assert result["data"] == [{"kind": "removed", "n": 2}, {"kind": "stored", "n": 4}] and result["rows"] == 2
 
 
 def test_sql_refuses_a_write_with_the_reason_and_a_nonzero_exit(running: Running):
@@ -147,7 +147,29 @@ def test_sql_refuses_a_write_with_the_reason_and_a_nonzero_exit(running: Running
     assert done.returncode != 0 and done.stdout == ""
     assert "statement not allowed" in done.stderr and "read-only" in done.stderr, done.stderr
     count = running.cli.run("sql", "--json", "SELECT count() FROM kv_events WHERE node_id = 'ghost'")
-    assert json.loads(count.stdout)["rows"] == [[0]]
+    assert [list(r.values()) for r in json.loads(count.stdout)["data"]] == [[0]]
+
+
+def test_sql_takes_clickhouse_clients_spellings(running: Running):
+    """-q/--query, the statement on standard input, --param_NAME bound to {NAME:Type}, ClickHouse's formats."""
+    stored = sum(n for (_node, _group, _medium, kind), n in running.model.events.items() if kind == "stored")
+    q = "SELECT kind, count() AS n FROM kv_events_final WHERE kind = {kind:String} GROUP BY kind"
+    tsv = running.cli.run("sql", "-q", q, "--param_kind=stored", "--format", "TSV")
+    assert tsv.returncode == 0 and tsv.stdout == f"stored\t{stored}\n", (tsv.stdout, tsv.stderr)
+    named = running.cli.run("sql", "--param_kind", "stored", "--format", "TabSeparatedWithNames", stdin=q)
+    assert named.returncode == 0 and named.stdout == f"kind\tn\nstored\t{stored}\n", (named.stdout, named.stderr)
+    rows = running.cli.run("sql", "-", "--param_kind=stored", "--format", "JSONEachRow", stdin=q)
+    assert rows.returncode == 0 and [json.loads(line) for line in rows.stdout.splitlines()] == \
+        [{"kind": "stored", "n": stored}], rows.stderr
+    pretty = running.cli.run("sql", "-q", "SELECT 1 AS one, 'x' AS s", "--format", "PrettyCompact")
+    assert pretty.stdout.splitlines() == ["┌─one─┬─s─┐", "│   1 │ x │", "└─────┴───┘"], pretty.stdout
+    out = running.cli.run("sql", "-o", "json", "-q", "SELECT 2 AS two")
+    assert json.loads(out.stdout)["data"] == [{"two": 2}], out.stderr
+    # a parameter the statement has no placeholder for is refused by name, not formatted into the text
+    stray = running.cli.run("sql", "-q", "SELECT 1", "--param_x=1")
+    assert stray.returncode != 0 and "x" in stray.stderr, stray.stderr
+    clash = running.cli.run("sql", "-o", "table", "--format", "CSV", "-q", "SELECT 1")
+    assert clash.returncode == 2 and "disagree" in clash.stderr, clash.stderr
 
 
 def test_sql_without_the_analytics_app_says_how_to_start_it(running: Running):
@@ -180,7 +202,7 @@ def test_saved_queries_by_name_as_table_csv_and_json(running: Running):
     assert csv_out.stdout.splitlines() == ["medium,swa_evicted,fa_evicted,swa_fa_ratio", "GPU,3,0,"], csv_out.stdout
     js = json.loads(running.cli.run("sql", "--saved", "lifetime_quantiles", "--param", "reasons=evicted",
                                     "--format", "json").stdout)
-    assert js["columns"][:3] == ["group_idx", "group_kind", "medium"] and js["rows"]
+    assert [m["name"] for m in js["meta"]][:3] == ["group_idx", "group_kind", "medium"] and js["rows"]
     bad = running.cli.run("sql", "--saved", "no_such_query")
     assert bad.returncode == 2 and "capacity_curve" in bad.stderr
     plan = running.cli.run("plan", "--json")

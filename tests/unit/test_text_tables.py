@@ -44,8 +44,13 @@ def test_sql_formats(capsys):
     assert capsys.readouterr().out.splitlines()[1] == "|--------|------------:|------:|"
     print_result(RESULT, "csv")
     assert capsys.readouterr().out.splitlines() == ["medium,swa_evicted,ratio", "GPU,3,", "CPU,12345,0.5"]
-    print_result(RESULT, "json")
-    assert json.loads(capsys.readouterr().out) == RESULT
+    print_result(RESULT, "json")  # ClickHouse's JSON layout
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["meta"] == [{"name": "medium", "type": "String"}, {"name": "swa_evicted", "type": "UInt64"},
+                           {"name": "ratio", "type": "Nullable(Float64)"}]
+    assert doc["data"] == [{"medium": "GPU", "swa_evicted": 3, "ratio": None},
+                           {"medium": "CPU", "swa_evicted": 12345, "ratio": 0.5}]
+    assert doc["rows"] == 2 and "elapsed" in doc["statistics"]
 
 
 def test_the_plan_prints_one_table_per_curve():
