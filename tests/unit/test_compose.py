@@ -115,3 +115,91 @@ def test_each_app_image_installs_its_role_only() -> None:
         env = _mapping(svc["environment"])
         assert not any("torch" in v for v in env.values()), f"{name} points pip at torch wheels"
         assert "torch" not in command and "requirements.lock" not in command
+
+
+# --- each app's environment through the app's own start-up checks ------------------------------------
+
+SECURE = COMPOSE.with_name("compose.secure.yaml")
+_VAR = re.compile(r"\$\{(\w+)(?:(:?)([-?])([^}]*))?\}")
+
+
+def _interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's variable syntax: ${V}, ${V:-default}, ${V-default}, ${V:?error}, ${V?error}."""
+    def one(m: re.Match) -> str:
+        name, colon, op, arg = m.group(1), m.group(2), m.group(3), m.group(4)
+        value = env.get(name)
+        missing = value is None or (colon == ":" and value == "")
+        if op == "?" and missing:
+            raise ValueError(f"${{{name}}}: {arg}")
+        return arg if op == "-" and missing else (value or "")
+    return _VAR.sub(one, text)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """`docker compose -f base -f over`: mappings merge key by key, the override's scalars and lists win
+    (compose appends some lists; none that these checks read)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _app_envs(files: list[Path], env: dict[str, str], secrets_dir: Path) -> dict[str, dict[str, str]]:
+    """Each kvpipe app service's environment as its container sees it, secret files mapped to `secrets_dir`."""
+    yaml = pytest.importorskip("yaml")  # PyYAML: the `test` extra (pyproject.toml)
+    doc: dict = {}
+    for f in files:
+        doc = _merge(doc, yaml.safe_load(_interpolate(f.read_text(), env)))
+    out = {}
+    for name, svc in doc["services"].items():
+        if "kvpipe processor" not in str(svc.get("command")) and "kvpipe analytics" not in str(svc.get("command")):
+            continue
+        environment = {k: "" if v is None else str(v) for k, v in (svc.get("environment") or {}).items()}
+        for key, value in environment.items():
+            if value.startswith("/run/secrets/"):
+                secret = value.removeprefix("/run/secrets/")
+                assert secret in (svc.get("secrets") or []), f"{name}: {key} names a secret the service does not mount"
+                environment[key] = str(secrets_dir / secret)
+        out[name] = environment
+    return out
+
+
+def _start_checks(environment: dict[str, str]):
+    """What `kvpipe processor` / `kvpipe analytics` check before a worker starts (core/appcli.py)."""
+    from kvpipe.processors.core.webauth import check_exposure
+    from kvpipe.schemas.settings import load_settings
+
+    settings = load_settings(env=environment)
+    check_exposure(settings, insecure=False)
+    return settings
+
+
+def test_each_app_in_the_default_compose_passes_its_start_up_checks(tmp_path) -> None:
+    envs = _app_envs([COMPOSE], {}, tmp_path)
+    assert set(envs) == {"processor", "analytics"}
+    for name, environment in envs.items():
+        settings = _start_checks(environment)  # raises what the app would print before exiting 2
+        assert settings.web_host == "0.0.0.0" and settings.insecure, name  # open only on the loopback-published port
+    from kvpipe.processors.core.webauth import ExposureError
+
+    # the check the test leans on does refuse: the same environment without the loopback waiver
+    with pytest.raises(ExposureError, match="without authentication"):
+        _start_checks({**envs["analytics"], "KVPIPE_INSECURE": "false"})
+
+
+def test_the_secure_compose_takes_tokens_from_secret_files_and_refuses_to_run_open(tmp_path) -> None:
+    with pytest.raises(ValueError, match="CLICKHOUSE_PASSWORD"):
+        _app_envs([COMPOSE, SECURE], {}, tmp_path)  # no default password in the secure variant
+    envs = _app_envs([COMPOSE, SECURE], {"CLICKHOUSE_PASSWORD": "s3cret"}, tmp_path)
+    (tmp_path / "api_token").write_text("t0ken\n")
+    for name, environment in envs.items():
+        assert "t0ken" not in environment.values(), f"{name}: the token must come from the file, not the environment"
+        settings = _start_checks(environment)
+        assert settings.api_token_value() == "t0ken" and not settings.insecure, name
+    assert "s3cret@clickhouse" in envs["analytics"]["KVPIPE_CLICKHOUSE_DSN"]
+    (tmp_path / "api_token").unlink()
+    from kvpipe.processors.core.webauth import ExposureError
+    from kvpipe.schemas.settings import SettingsError
+
+    with pytest.raises((SettingsError, ExposureError, OSError)):  # no secret file: the app does not start
+        _start_checks(envs["processor"])
