@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from kvpipe.processors.analytics.saved import SavedQuery, list_queries
+from kvpipe.processors.analytics.tables import TABLES
 
 DATASOURCE = {"type": "grafana-clickhouse-datasource", "uid": "${datasource}"}
 TIME_SERIES = {"evictions_per_group", "node_occupancy"}  # queries with a `bucket` column plotted over time
@@ -30,6 +31,21 @@ def grafana_sql(query: SavedQuery) -> str:
     return _PARAM.sub(sub, body).strip()
 
 
+def in_range(sql: str, series: bool) -> str:
+    """`sql` reading only what the dashboard's time picker selects (Grafana's `$__timeFilter` macro).
+
+    A time series keeps its query whole and drops the buckets outside the range: its values may be
+    running totals from the first row (occupancy), so its input must not be cut. Any other panel
+    aggregates the rows whose time falls in the range: each table's `_final` view it reads is
+    narrowed on the table's time column (`tables.TABLES`)."""
+    if series:
+        return f"SELECT * FROM (\n{sql}\n) WHERE $__timeFilter(bucket) ORDER BY bucket"
+    for table in TABLES:
+        sql = re.sub(rf"\b{table.name}_final\b",
+                     f"(SELECT * FROM {table.name}_final WHERE $__timeFilter({table.time_column}))", sql)
+    return sql
+
+
 def _panel(i: int, query: SavedQuery) -> dict:
     series = query.name in TIME_SERIES
     return {
@@ -37,7 +53,7 @@ def _panel(i: int, query: SavedQuery) -> dict:
         "description": f"kvpipe sql --saved {query.name}",
         "gridPos": {"h": 9, "w": 12, "x": 12 * (i % 2), "y": 9 * (i // 2)},
         "targets": [{"refId": "A", "datasource": DATASOURCE, "editorType": "sql", "queryType": "sql",
-                     "format": 0 if series else 1, "rawSql": grafana_sql(query)}],
+                     "format": 0 if series else 1, "rawSql": in_range(grafana_sql(query), series)}],
     }
 
 

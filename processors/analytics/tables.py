@@ -4,7 +4,7 @@ A table is its name (the migration in infra/clickhouse/migrations creates it and
 view), the row type one message yields, the columns in insert order, and three plain functions the
 sink's writer thread runs: an empty batch, `take` (one submit's rows into the batch: rows become
 columns, lifetimes are numbered), and `insert` (a slice of the batch as the column lists the insert
-sends). The sink, the per-message derive step (`derive.message_rows` returns rows keyed by table
+sends), plus the column that says when a row happened. The sink, the per-message derive step (`derive.message_rows` returns rows keyed by table
 name) and the report's store summary iterate `TABLES`, so a new analytics table is a migration, a
 row type with its column mapping, and one entry here.
 """
@@ -32,6 +32,7 @@ class Table:
     batch: Callable[[], Any]  # an empty writer-side batch: supports len, extend, [a:b], del [a:b]
     take: Callable[[Any, Any], None]  # (batch, one submit's rows): add them to the batch
     insert: Callable[[Any], list[list]]  # a slice of the batch -> the column lists to insert
+    time_column: str  # when a row happened (the dashboard's time picker filters on it)
 
 
 def _take_events(batch: EventColumns, rows: EventColumns | list[EventRow]) -> None:
@@ -63,13 +64,13 @@ LOADS = "kv_node_load"
 
 TABLES: tuple[Table, ...] = (
     Table(EVENTS, "every KV event: stored, removed, cleared", EventRow, EVENT_COLUMNS, EventColumns,
-          _take_events, _insert_events),
+          _take_events, _insert_events, "ts"),
     Table(LIFETIMES, "block lifetimes: stored until evicted, cleared or the node expired", LifetimeRow,
-          LIFETIME_COLUMNS, LifetimeColumns, _take_lifetimes, _insert_lifetimes),
+          LIFETIME_COLUMNS, LifetimeColumns, _take_lifetimes, _insert_lifetimes, "removed_ts"),
     Table(RESTORES, "re-stores of evicted blocks and their reuse distances", RestoreRow, RESTORE_COLUMNS, list,
-          list.extend, restore_columns),
+          list.extend, restore_columns, "restored_ts"),
     Table(LOADS, "the load each node reported (running, waiting, KV usage)", LoadRow, LOAD_COLUMNS, list,
-          list.extend, load_columns),
+          list.extend, load_columns, "ts"),
 )
 BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
 

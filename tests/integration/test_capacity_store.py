@@ -161,3 +161,34 @@ def test_capacity_curve_tokens_follow_each_re_store_block_size_when_they_differ(
         for r in curve:
             hit = [x for x in group if x.stack_distance < r["cache_blocks"]]
             assert (r["hits"], r["tokens_saved"]) == (len(hit), sum(x.block_size for x in hit)), (node, r)
+
+
+def test_the_dashboards_panels_read_the_saved_queries_through_the_time_picker(store):
+    """Each Grafana panel's SQL (processors/analytics/grafana.py), its time macro expanded as the
+    ClickHouse plugin does: over all time it answers what the saved query answers; over a range
+    before the data it answers no data rows."""
+    import re
+
+    from kvpipe.processors.analytics.grafana import TIME_SERIES, dashboard
+
+    sink, _ = store
+
+    def expand(sql: str, start: int, end: int, query) -> str:
+        sql = re.sub(r"\$__timeFilter\((\w+)\)", rf"(\1 >= toDateTime({start}) AND \1 <= toDateTime({end}))", sql)
+        for p in query.params:
+            sql = sql.replace(f"${{{p.name}}}", p.default)
+        return sql
+
+    def canon(rows):
+        return sorted(repr(r) for r in rows)
+
+    for panel, query in zip(dashboard()["panels"], list_queries()):
+        sql = panel["targets"][0]["rawSql"]
+        whole = sink.query(expand(sql, 0, 4_102_444_800, query))["rows"]
+        assert canon(whole) == canon(run_query(sink, query.name)["rows"]), query.name
+        before = sink.query(expand(sql, 0, 1, query))["rows"]
+        if query.name in TIME_SERIES:
+            assert before == [], query.name
+        else:  # aggregates over no rows: no groups, or one row of zeros / NULLs
+            assert len(before) <= 1 and all(v in (0, None) or v != v for r in before for v in r
+                                            if isinstance(v, (int, float)) or v is None), (query.name, before)

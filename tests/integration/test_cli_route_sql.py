@@ -235,3 +235,45 @@ def test_route_by_token_ids_from_stdin_hashes_per_node(running: Running):
     again = running.cli.run("route", "--tokens", str(listed), "--json")
     assert again.returncode == 0 and _hits(again.stdout)[0] == ("node-t", 80, 0), again.stderr
 
+
+
+def _exported(text: str) -> set[str]:
+    """Series names a Prometheus exposition declares or carries: its samples, and each `# TYPE` family's
+    series (a labelled family with no sample yet, e.g. no DLQ message so far, is declared all the same)."""
+    names = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()[:4]
+            names |= {name + s for s in ("_bucket", "_sum", "_count")} if kind == "histogram" else {name}
+        elif line and not line.startswith("#"):
+            names.add(line.split("{")[0].split(" ")[0])
+    return names
+
+
+def test_alert_rules_and_the_operations_dashboard_name_only_metrics_the_apps_export(running: Running):
+    """infra/prometheus/kvpipe-alerts.yaml and infra/grafana/dashboards/kvpipe-operations.json, against
+    what the two running apps serve on /metrics and what the bridge's collector renders."""
+    import re
+    import urllib.request
+
+    import yaml
+
+    from kvpipe.bench.procrun import REPO
+    from kvpipe.producer.bridge.metrics import Counters, render
+
+    exported = set()
+    for app in (running.index, running.analytics):
+        req = urllib.request.Request(app.url + "/metrics", headers=app.headers)
+        exported |= _exported(urllib.request.urlopen(req, timeout=30).read().decode())
+    exported |= _exported(render([("node-a", Counters(), [])]))
+    rules = yaml.safe_load((REPO / "infra/prometheus/kvpipe-alerts.yaml").read_text())
+    exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    board = json.loads((REPO / "infra/grafana/dashboards/kvpipe-operations.json").read_text())
+    exprs += [t["expr"] for p in board["panels"] for t in p["targets"]]
+    assert len(exprs) >= 20 and all(r.get("alert") and r.get("annotations", {}).get("summary")
+                                    for g in rules["groups"] for r in g["rules"])
+    named = {m for e in exprs for m in re.findall(r"\b((?:kvpipe|process)_[a-z0-9_]+)\b", e)}
+    missing = sorted(named - exported)
+    assert missing == [], f"metrics no running app exports: {missing}"
+    families = {"kvpipe_processor_", "kvpipe_analytics_", "kvpipe_bridge_"}
+    assert all(any(n.startswith(f) for n in named) for f in families), "each process has alerts or panels"
