@@ -12,7 +12,7 @@ import html
 import io
 import math
 import re
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,14 +52,71 @@ def _svg(plt, fig) -> str:
     return _METADATA.sub("", text)  # and the RDF metadata block (namespace addresses, creator, date)
 
 
+# A line with this many points or fewer gets a marker on each, so one or two points still show.
+MARKERS_UP_TO = 40
+# Bucket sizes a time axis may use (seconds), and how many buckets the span should fill at most.
+NICE_BUCKETS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+MAX_BUCKETS = 120
+
+
+def bucket_for(span_s: float) -> int:
+    """The smallest nice bucket that cuts `span_s` into at most MAX_BUCKETS: a 30 s demo gets 1 s
+    buckets (30 points), a day 15 min, a week 2 h."""
+    for b in NICE_BUCKETS_S:
+        if span_s <= b * MAX_BUCKETS:
+            return b
+    return 86400 * (int(span_s // (86400 * MAX_BUCKETS)) + 1)
+
+
+def _bucket_words(bucket_s: int) -> str:
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if bucket_s % size == 0:
+            n = bucket_s // size
+            return unit if n == 1 else f"{n} {unit}s"
+    return "second" if bucket_s == 1 else f"{bucket_s} seconds"
+
+
+def data_span(target: Any) -> tuple[float, float] | None:
+    """(first, last) event time in epoch seconds, or None for an empty store."""
+    rows = run_sql(target, "SELECT count(), toUnixTimestamp64Milli(min(ts)), toUnixTimestamp64Milli(max(ts)) "
+                           "FROM kv_events_final")["rows"]
+    if not rows or not rows[0][0]:
+        return None
+    return rows[0][1] / 1000.0, rows[0][2] / 1000.0
+
+
+def _time_axis(ax: Any, xs: list, bucket_s: int) -> None:
+    """Dates readable at any span, and the axis fitted to the data (one bucket of margin), never the
+    default years-wide window matplotlib picks around a single point."""
+    import matplotlib.dates as mdates
+
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    if xs:
+        lo, hi = min(xs), max(xs)
+        pad = timedelta(seconds=bucket_s)
+        ax.set_xlim(lo - pad, hi + pad)
+        # the range drawn, as the SVG group's id: what a reader (the browser test) checks against the data
+        start, end = (mdates.num2date(v).timestamp() for v in ax.get_xlim())
+        ax.set_gid(f"time-axis_{start:.0f}_{end:.0f}")
+
+
 def _lines(series: dict[str, list[tuple[Any, float]]], ylabel: str, xlabel: str = "time (UTC)", step: bool = False,
-           logx: bool = False) -> str:
+           logx: bool = False, bucket_s: int | None = None) -> str:
     plt, fig, ax = _figure()
-    for label, points in sorted(series.items())[:12]:
+    shown = sorted(series.items())[:12]
+    few = all(len(points) <= MARKERS_UP_TO for _, points in shown)
+    xs_all: list = []
+    for label, points in shown:
         xs, ys = zip(*sorted(points))
-        (ax.step if step else ax.plot)(xs, ys, label=label, **({"where": "post"} if step else {}))
+        xs_all += xs
+        style = {"marker": "o", "markersize": 3} if few else {}
+        (ax.step if step else ax.plot)(xs, ys, label=label, **({"where": "post"} if step else {}), **style)
     if logx:
         ax.set_xscale("symlog")
+    if bucket_s is not None:
+        _time_axis(ax, xs_all, bucket_s)
     ax.set_ylabel(ylabel)
     ax.set_xlabel(xlabel)
     if series:
@@ -78,15 +135,16 @@ def _bars(labels: list[str], groups: dict[str, list[float]], ylabel: str) -> str
     return _svg(plt, fig)
 
 
-def _evictions(rows: list[dict]) -> str:
+def _evictions(rows: list[dict], bucket_s: int) -> str:
     sums: dict[str, dict] = {}  # groups of one kind summed per bucket
     for r in rows:
         per = sums.setdefault(f"{r['group_kind'] or 'g' + str(r['group_idx'])} {r['medium']}", {})
         per[r["bucket"]] = per.get(r["bucket"], 0.0) + float(r["evicted_blocks"])
-    return _lines({k: list(v.items()) for k, v in sums.items()}, "blocks evicted per minute")
+    return _lines({k: list(v.items()) for k, v in sums.items()}, f"blocks evicted per {_bucket_words(bucket_s)}",
+                  bucket_s=bucket_s)
 
 
-def _occupancy(rows: list[dict]) -> str:
+def _occupancy(rows: list[dict], bucket_s: int) -> str:
     """Blocks held per series; under it, when nodes report load, each node's KV usage and running requests."""
     series: dict[str, list] = {}
     usage: dict[str, dict] = {}
@@ -99,37 +157,42 @@ def _occupancy(rows: list[dict]) -> str:
         if r.get("running") is not None:
             running.setdefault(r["node_id"], {})[r["bucket"]] = float(r["running"])
     if not usage and not running:
-        return _lines(series, "blocks held", step=True)
+        return _lines(series, "blocks held", step=True, bucket_s=bucket_s)
     plt, fig, (top, low) = _figure(rows=2)
-    for label, points in sorted(series.items())[:12]:
+    shown = sorted(series.items())[:12]
+    style = {"marker": "o", "markersize": 3} if all(len(p) <= MARKERS_UP_TO for _, p in shown) else {}
+    xs_all: list = []
+    for label, points in shown:
         xs, ys = zip(*sorted(points))
-        top.step(xs, ys, where="post", label=label)
+        xs_all += xs
+        top.step(xs, ys, where="post", label=label, **style)
+    _time_axis(low, xs_all, bucket_s)  # the axes share x
     top.set_ylabel("blocks held")
     top.legend(fontsize=7, loc="best")
     for node, by_bucket in sorted(usage.items())[:12]:
         xs, ys = zip(*sorted(by_bucket.items()))
-        low.step(xs, ys, where="post", label=f"{node} KV usage %")
+        low.step(xs, ys, where="post", label=f"{node} KV usage %", **style)
     for node, by_bucket in sorted(running.items())[:12]:
         xs, ys = zip(*sorted(by_bucket.items()))
-        low.step(xs, ys, where="post", linestyle=":", label=f"{node} running")
+        low.step(xs, ys, where="post", linestyle=":", label=f"{node} running", **style)
     low.set_ylabel("reported load")
     low.set_xlabel("time (UTC)")
     low.legend(fontsize=7, loc="best", ncol=2)
     return _svg(plt, fig)
 
 
-def _lifetimes(rows: list[dict]) -> str:
+def _lifetimes(rows: list[dict], bucket_s: int) -> str:
     labels = [f"{r['group_kind'] or r['group_idx']} {r['medium']}" for r in rows]
     return _bars(labels, {q: [float(r[f"{q}_s"]) for r in rows] for q in ("p50", "p90", "p99")}, "lifetime (s)")
 
 
-def _restore_delays(rows: list[dict]) -> str:
+def _restore_delays(rows: list[dict], bucket_s: int) -> str:
     labels = [f"{r['group_kind'] or r['group_idx']} {r['medium']}" for r in rows]
     return _bars(labels, {"p50": [float(r["p50_s"] or 0) for r in rows], "p90": [float(r["p90_s"] or 0) for r in rows]},
                  "seconds from end of lifetime to re-store")
 
 
-def _curve(rows: list[dict]) -> str:
+def _curve(rows: list[dict], bucket_s: int) -> str:
     series: dict[str, list] = {}
     for r in rows:  # fleet view: one line per group kind and medium, hits summed over nodes
         series.setdefault(f"{r['group_kind']} {r['medium']}", []).append((float(r["extra_fraction"]), r))
@@ -145,8 +208,10 @@ def _curve(rows: list[dict]) -> str:
 
 
 # saved query → (plot function, the one sentence that says what the plot means)
-PLOTS: dict[str, tuple[Callable[[list[dict]], str], str]] = {
-    "evictions_per_group": (_evictions, "Blocks evicted per minute by group kind and medium: sliding-window groups "
+# query name -> (draw(rows, bucket_s), what the plot means). Time series are drawn at the bucket the
+# data's span calls for (`bucket_for`), passed to the saved query as its bucket_s.
+PLOTS: dict[str, tuple[Callable[[list[dict], int], str], str]] = {
+    "evictions_per_group": (_evictions, "Blocks evicted per time bucket by group kind and medium: sliding-window groups "
                                         "churn faster than full attention by design; a rising line means pressure."),
     "lifetime_quantiles": (_lifetimes, "How long an evicted block stayed cached, per group kind: short lifetimes in "
                                        "a group mean its pool is too small for its working set."),
@@ -206,13 +271,19 @@ def build_report(target: Any, out: str | Path) -> Path:
              _store_summary(target)]
     queries = list_queries()
     order = [q for q in queries if q.name in PLOTS] + [q for q in queries if q.name not in PLOTS]
+    span = data_span(target)
+    bucket_s = bucket_for(span[1] - span[0]) if span else 60
     for query in order:
-        result = run_query(target, query.name)
+        bucketed = any(p.name == "bucket_s" for p in query.params)
+        result = run_query(target, query.name, {"bucket_s": str(bucket_s)} if bucketed else None)
         parts.append(f"<section id='{query.name}'><h2>{html.escape(query.title)}</h2>")
         if query.name in PLOTS:
             draw, means = PLOTS[query.name]
             parts.append(f"<p class='means'>{html.escape(means)}</p>")
-            parts.append(f"<figure class='plot' data-query='{query.name}'>{draw(_records(result))}</figure>")
+            data = (f" data-bucket-s='{bucket_s}' data-span='{span[0]:.3f} {span[1]:.3f}'"
+                    if bucketed and span else "")
+            parts.append(f"<figure class='plot' data-query='{query.name}'{data}>"
+                         f"{draw(_records(result), bucket_s)}</figure>")
         if query.name == "capacity_curve":
             parts.append(f"<p class='method'>{html.escape(CAPACITY_METHOD)}</p>")
         parts.append(f"<p>Saved query <code>{query.name}</code>.</p>{_table(result)}</section>")

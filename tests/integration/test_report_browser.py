@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpipe.processors.analytics.report import PLOTS, build_report
+from kvpipe.processors.analytics.report import MARKERS_UP_TO, PLOTS, bucket_for, build_report
 from kvpipe.processors.analytics.sink import AnalyticsSink
 from kvpipe.bench.workload import fill_store, serving_steps
 from kvpipe.bench.procrun import REPO
@@ -122,7 +122,7 @@ def test_the_report_renders_every_plot_with_data_and_requests_nothing(chromium, 
         proxy.close()
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert proxy.page_requests() == [], f"the report page made requests: {proxy.page_requests()}"
-    figures = dict(re.findall(r"<figure class=\"plot\" data-query=\"(\w+)\">(.*?)</figure>", dom.stdout, re.DOTALL))
+    figures = dict(re.findall(r"<figure class=\"plot\" data-query=\"(\w+)\"[^>]*>(.*?)</figure>", dom.stdout, re.DOTALL))
     assert set(figures) == set(PLOTS), sorted(figures)
     for name, svg in figures.items():
         assert svg.lstrip().startswith("<svg"), name
@@ -143,3 +143,40 @@ def test_control_a_page_that_loads_something_is_caught_by_the_proxy(chromium, tm
     finally:
         proxy.close()
     assert any("example.invalid" in r for r in proxy.page_requests()), proxy.requests
+
+
+@pytest.fixture(scope="module")
+def short_report(tmp_path_factory) -> Path:
+    """The report after a run as short as `make demo`'s: half a minute of node steps."""
+    tmp = tmp_path_factory.mktemp("short-report")
+    sink = AnalyticsSink(f"chdb://{tmp / 'store'}")
+    sink.start()
+    try:
+        fill_store(sink, serving_steps(800, step_s=0.04))  # 32 s of events
+        return build_report(sink, tmp / "report.html")
+    finally:
+        sink.close()
+
+
+def test_a_short_run_is_plotted_over_its_own_span_with_markers(chromium, short_report):
+    """Time plots use a bucket the data's span calls for and an axis fitted to the data (one bucket of
+    margin), not a one-minute bucket on a years-wide axis; few points are drawn with markers."""
+    proxy = RecordingProxy()
+    try:
+        dom = run_browser(chromium, proxy, "--virtual-time-budget=3000", "--dump-dom", short_report.as_uri())
+    finally:
+        proxy.close()
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    timed = re.findall(r"<figure class=\"plot\" data-query=\"(\w+)\" data-bucket-s=\"(\d+)\" "
+                       r"data-span=\"([\d.]+) ([\d.]+)\">(.*?)</figure>", dom.stdout, re.DOTALL)
+    assert {name for name, *_ in timed} == {"evictions_per_group", "node_occupancy"}, [n for n, *_ in timed]
+    for name, bucket, first, last, svg in timed:
+        first_s, last_s, bucket_s = float(first), float(last), int(bucket)
+        assert 25 <= last_s - first_s <= 40 and bucket_s == bucket_for(last_s - first_s) == 1, (name, bucket)
+        axes = [(int(a), int(b)) for a, b in re.findall(r'id="time-axis_(\d+)_(\d+)"', svg)]
+        assert axes, f"{name}: no time axis drawn"
+        for start, end in axes:  # the axis covers the data and at most ~2 buckets more on each side
+            assert first_s - 3 * bucket_s <= start <= last_s and first_s <= end <= last_s + 3 * bucket_s, \
+                (name, start, end, first_s, last_s)
+        points = (last_s - first_s) / bucket_s
+        assert points <= MARKERS_UP_TO and "<use " in svg, f"{name}: {points:.0f} points drawn without markers"
