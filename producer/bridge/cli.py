@@ -188,7 +188,7 @@ def _serve(bridge: Bridge, args: SimpleNamespace) -> int:
     if args.metrics_port is not None:
         from kvpipe.producer.bridge.metrics import MetricsServer
 
-        server = MetricsServer(args.metrics_host, args.metrics_port, bridge.metrics_text, token=token).start()
+        server = MetricsServer(args.metrics_host, args.metrics_port, bridge.metrics_registry(), token=token).start()
         log.info("metrics on http://%s:%d/metrics", args.metrics_host, server.port)
     try:
         while not stop.wait(args.log_every):

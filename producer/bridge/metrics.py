@@ -1,4 +1,4 @@
-"""Bridge counters, and a tiny HTTP server exposing them on `/metrics` (prometheus_client's exposition).
+"""Bridge counters, exposed on `/metrics` by prometheus_client's own WSGI app and server.
 
 Each rank's thread is the only writer of its `Counters`; the HTTP thread and the log line only
 read them, so plain ints suffice (a read may be one increment behind, never torn).
@@ -6,13 +6,15 @@ read them, so plain ints suffice (a read may be one increment behind, never torn
 from __future__ import annotations
 
 import hmac
+import json
 import threading
 from dataclasses import asdict, dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from kvpipe.producer.bridge.specs import Mismatch
 
@@ -59,37 +61,49 @@ class Counters:
         return asdict(self)
 
 
+Nodes = Iterable[tuple[str, Counters, list[Mismatch]]]
+
+
 class _BridgeCollector:
-    def __init__(self, nodes: list[tuple[str, Counters, list[Mismatch]]]) -> None:
+    """The counters of the nodes `nodes()` names at each scrape (ranks come and go with the bridge)."""
+
+    def __init__(self, nodes: Callable[[], Nodes]) -> None:
         self.nodes = nodes
 
     def collect(self):
+        nodes = list(self.nodes())
         for field, (name, text) in FAMILIES.items():
             family = CounterMetricFamily(f"kvpipe_bridge_{name}", text, labels=["node"])
-            for node, c, _ in self.nodes:
+            for node, c, _ in nodes:
                 family.add_metric([node], getattr(c, field))
             yield family
         dlq = CounterMetricFamily("kvpipe_bridge_dlq_messages", "messages for the dead-letter topic, by outcome",
                                   labels=["node", "outcome"])
-        for node, c, _ in self.nodes:
+        for node, c, _ in nodes:
             for field, outcome in DLQ_OUTCOMES.items():
                 dlq.add_metric([node, outcome], getattr(c, field))
         yield dlq
         # One series per distinct mismatch so an operator sees what to fix, not just that it happened.
         mismatch = GaugeMetricFamily("kvpipe_bridge_spec_mismatch", "declared spec contradicted by events "
                                      "(value always 1)", labels=["node", "group", "field", "declared", "observed"])
-        for node, _, mismatches in self.nodes:
+        for node, _, mismatches in nodes:
             for m in mismatches:
                 mismatch.add_metric([node, str(m.group_idx), m.field, str(m.declared), str(m.observed)], 1)
         yield mismatch
 
 
-def render(nodes: Iterable[tuple[str, Counters, list[Mismatch]]]) -> str:
-    """Prometheus text exposition (prometheus_client): the counters by node, and process metrics."""
-    registry = CollectorRegistry(auto_describe=False)
-    ProcessCollector(registry=registry)
-    registry.register(_BridgeCollector(list(nodes)))
-    return generate_latest(registry).decode()
+def registry(nodes: Callable[[], Nodes]) -> CollectorRegistry:
+    """The bridge's registry: its counters by node (read at each scrape) and the process metrics."""
+    reg = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=reg)
+    reg.register(_BridgeCollector(nodes))
+    return reg
+
+
+def render(nodes: Nodes) -> str:
+    """The exposition text of `nodes`' counters (the log and tests; the server serves `registry`)."""
+    frozen = list(nodes)
+    return generate_latest(registry(lambda: frozen)).decode()
 
 
 def bearer_ok(header: str | None, token: str) -> bool:
@@ -98,37 +112,36 @@ def bearer_ok(header: str | None, token: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
 
 
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - scrapes are not worth a log line each
+        pass
+
+
+def _guarded(app: Callable, token: str) -> Callable:
+    """`app` behind the bearer token (when one is set) and on `/metrics` only."""
+    def guarded(environ: dict, start_response: Callable) -> Any:
+        if token and not bearer_ok(environ.get("HTTP_AUTHORIZATION"), token):
+            body = json.dumps({"error": "unauthorized",
+                               "detail": "send Authorization: Bearer <KVPIPE_API_TOKEN>"}).encode()
+            start_response("401 Unauthorized", [("WWW-Authenticate", "Bearer"), ("Content-Type", "application/json"),
+                                                ("Content-Length", str(len(body)))])
+            return [body]
+        if environ.get("PATH_INFO", "") != "/metrics":
+            body = b'{"error": "not found", "detail": "only /metrics lives here"}'
+            start_response("404 Not Found", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        return app(environ, start_response)
+    return guarded
+
+
 class MetricsServer:
-    """`GET /metrics` on a daemon thread; `port=0` picks a free port (see `.port`). With a `token`,
-    a scrape must send `Authorization: Bearer <token>` (401 otherwise)."""
+    """`GET /metrics` of `reg` on a daemon thread: prometheus_client's WSGI app (content negotiation,
+    OpenMetrics, gzip) on its threading WSGI server; `port=0` picks a free port (see `.port`). With a
+    `token`, a scrape must send `Authorization: Bearer <token>` (401 otherwise)."""
 
-    def __init__(self, host: str, port: int, render_fn: Callable[[], str], token: str = "") -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                if token and not bearer_ok(self.headers.get("Authorization"), token):
-                    body = b'{"error": "unauthorized", "detail": "send Authorization: Bearer <KVPIPE_API_TOKEN>"}'
-                    self.send_response(401)
-                    self.send_header("WWW-Authenticate", "Bearer")
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                    return
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404, "only /metrics lives here")
-                    return
-                body = render_fn().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:  # scrapes are not worth a log line each
-                pass
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+    def __init__(self, host: str, port: int, reg: CollectorRegistry, token: str = "") -> None:
+        self._server = make_server(host, port, _guarded(make_wsgi_app(reg), token), ThreadingWSGIServer,
+                                   handler_class=_Quiet)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="bridge-metrics", daemon=True)
 

@@ -19,7 +19,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from kvpipe.producer.bridge.dlq import DeadLetters
 from kvpipe.producer.bridge.forwarder import Forwarder, PublisherLike
-from kvpipe.producer.bridge.metrics import Counters, render
+from kvpipe.producer.bridge.metrics import Counters, registry, render
 from kvpipe.producer.bridge.recording import open_recording, write_frame
 from kvpipe.producer.bridge.replay import DEFAULT_TIMEOUT_S, ReplayClient
 from kvpipe.producer.bridge.silence import SilenceWatch
@@ -216,8 +216,15 @@ class Bridge:
     def counters(self) -> dict[str, dict[str, int]]:
         return {w.node_id: w.counters.as_dict() for w in self.workers}
 
+    def _metric_nodes(self):
+        return [(w.node_id, w.counters, w.specs.mismatches) for w in self.workers]
+
     def metrics_text(self) -> str:
-        return render((w.node_id, w.counters, w.specs.mismatches) for w in self.workers)
+        return render(self._metric_nodes())
+
+    def metrics_registry(self):
+        """The registry `/metrics` serves (producer/bridge/metrics.py), reading the workers at each scrape."""
+        return registry(self._metric_nodes)
 
     def summary(self) -> str:
         total = Counters()

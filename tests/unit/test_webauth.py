@@ -101,19 +101,30 @@ def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
+def _registry(value: float):
+    from prometheus_client import CollectorRegistry, Gauge
+
+    reg = CollectorRegistry()
+    Gauge("kvpipe_x", "a test gauge", registry=reg).set(value)
+    return reg
+
+
 def test_bridge_metrics_endpoint_requires_the_token_when_one_is_set():
-    server = MetricsServer("127.0.0.1", 0, lambda: "kvpipe_x 1\n", token="m-tok").start()
+    server = MetricsServer("127.0.0.1", 0, _registry(1), token="m-tok").start()
     try:
         url = f"http://127.0.0.1:{server.port}/metrics"
         status, body = _get(url)
         assert status == 401 and json.loads(body)["error"] == "unauthorized"
         assert _get(url, "wrong")[0] == 401
-        assert _get(url, "m-tok") == (200, b"kvpipe_x 1\n")
+        status, body = _get(url, "m-tok")
+        assert status == 200 and b"\nkvpipe_x 1.0\n" in body  # prometheus_client's exposition, HELP/TYPE included
+        assert _get(url.replace("/metrics", "/other"), "m-tok")[0] == 404
     finally:
         server.close()
-    open_server = MetricsServer("127.0.0.1", 0, lambda: "kvpipe_x 2\n").start()
+    open_server = MetricsServer("127.0.0.1", 0, _registry(2)).start()
     try:
-        assert _get(f"http://127.0.0.1:{open_server.port}/metrics") == (200, b"kvpipe_x 2\n")
+        status, body = _get(f"http://127.0.0.1:{open_server.port}/metrics")
+        assert status == 200 and b"\nkvpipe_x 2.0\n" in body
     finally:
         open_server.close()
 
