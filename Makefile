@@ -2,14 +2,16 @@
 #   make demo  - venv, Kafka jars, broker, both apps, simulated nodes: the main job end to end
 #   make test  - venv, Kafka jars, broker, then the whole test suite
 #   make check - the everyday loop, no broker: lint, import contracts, types, unit and property tests
+#   make dist  - the wheelhouse a deployment installs from: kvpipe and the abi3 kvpipe-native wheel in dist/
 # Both are idempotent. The venv and the Kafka jars are cached outside the clone.
 
 SHELL := /bin/bash
 VENV = $(shell infra/scripts/venv.sh)
 PY = $(VENV)/bin/python
 PYTEST_ARGS ?=
+DIST ?= dist
 
-.PHONY: demo test check venv broker-up broker-down bench clean
+.PHONY: demo test check venv broker-up broker-down bench clean dist
 
 venv:
 	@infra/scripts/venv.sh >/dev/null
@@ -43,6 +45,23 @@ broker-down: venv
 
 bench: venv
 	@for b in producer ingest bridge offload manager; do $(PY) -m kvpipe bench $$b --json | tail -n 1; done
+
+# The wheelhouse: `pip install --find-links dist/ 'kvpipe[native]'` (plus the role's extras: README, "Installing
+# by role") takes kvpipe and its native core from it, with no compiler on the target. kvpipe is built from a copy of the checkout's files (tracked and
+# not ignored), because setuptools leaves build/ behind in the tree it builds and would ship a deleted module
+# from there next time. kvpipe-native is built as infra/scripts/native.sh builds it, in the same cargo target
+# dir beside the venv, so after `make venv` this is an incremental no-op for the Rust side.
+dist: venv
+	@set -euo pipefail; \
+	out=$$(realpath -m "$(DIST)"); stage=$$(mktemp -d); trap 'rm -rf "$$stage"' EXIT; \
+	git ls-files -z --cached --others --exclude-standard | \
+	  while IFS= read -r -d '' f; do [ -f "$$f" ] && [ ! -L "$$f" ] && printf '%s\0' "$$f"; done | \
+	  xargs -0 cp --parents -t "$$stage"; \
+	mkdir -p "$$out"; rm -f "$$out"/kvpipe-*.whl "$$out"/kvpipe_native-*.whl; \
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w "$$out" "$$stage"; \
+	CARGO_TARGET_DIR="$(dir $(VENV))native-target" $(VENV)/bin/maturin build --release --locked -q \
+	  --manifest-path native/Cargo.toml -i $(PY) -o "$$out" >&2; \
+	ls -1 "$$out"/kvpipe-*.whl "$$out"/kvpipe_native-*.whl
 
 clean:
 	rm -rf .kvpipe .pytest_cache

@@ -1,7 +1,8 @@
 """GPU side of kvpipe: the hybrid KV cache manager of a serving node.
 
-Owns: block hashing (`hashing`), group specs (`specs`), the pure hybrid hit computation shared with
-the router (`hit`, `retention`), the block pool with its LRU free queue and prefix-cache map
+Owns: block hashing (`hashing`), group specs (`specs`), the spec kinds (`kinds`: one table, kind →
+spec class, manager, hit rule, retention, offload rule, external store), the per-type hit rules
+(`finders`) and the pure hybrid hit computation shared with the router (`hit`, `retention`), the block pool with its LRU free queue and prefix-cache map
 (`block_pool`), per-attention-type managers (`single_type_managers`), the coordinator
 (`coordinator`), the manager facade that a scheduler talks to (`kv_cache_manager`), the
 external-pool coordinator (`external_coordinator`), the KV tensors and canonical views
@@ -14,7 +15,8 @@ torch (the `kvpipe[gpu]` extra), the rest imports without it (the router uses it
 
 May import: `schemas` (event structs, kind names), `torch`, and `producer`'s publish interface only.
 Must not import `processors` or `infra`. The router (`processors`) may import `kvpipe.gpu.hit`,
-`kvpipe.gpu.retention`, `kvpipe.gpu.specs`, `kvpipe.gpu.layout` and `kvpipe.gpu.hashing`, which import nothing of ours beyond `schemas`.
+`kvpipe.gpu.finders`, `kvpipe.gpu.kinds`, `kvpipe.gpu.retention`, `kvpipe.gpu.specs`, `kvpipe.gpu.layout` and
+`kvpipe.gpu.hashing`, which import nothing of ours beyond `schemas` (pyproject.toml's import contracts).
 """
 
 if not __name__.startswith("kvpipe."):  # one module object per file (kvpipe/__init__.py)

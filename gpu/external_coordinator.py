@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from kvpipe.gpu.hit import HybridHit, default_alignment, longest_hybrid_hit, split_spec_groups
+from kvpipe.gpu.kinds import kind_of
 from kvpipe.gpu.retention import reachable_block_mask, replay_boundaries
-from kvpipe.gpu.specs import CrossAttention, KVSpec, Mamba, resolve_block_sizes
+from kvpipe.gpu.specs import KVSpec, resolve_block_sizes
 
 
 def validate_external_config(specs: Sequence[KVSpec], *, prefill_context_parallel: int = 1,
@@ -24,11 +25,10 @@ def validate_external_config(specs: Sequence[KVSpec], *, prefill_context_paralle
     if not any(s.prefix_cacheable for s in specs):
         problems.append("no prefix-cacheable KV cache group")
     for gid, spec in enumerate(specs):
-        if isinstance(spec, CrossAttention):
-            problems.append(f"group {gid}: cross-attention KV is per request and cannot be shared")
-        if isinstance(spec, Mamba) and spec.mode != "align":
-            problems.append(f"group {gid}: Mamba mode {spec.mode!r}; only 'align' keeps one state per "
-                            "block boundary that can be stored and reloaded")
+        if not spec.prefix_cacheable:
+            problems.append(f"group {gid}: {spec.label} KV is never prefix-cached, so it cannot be shared")
+        elif spec.problem is not None:
+            problems.append(f"group {gid}: {spec.problem}")
     cp = prefill_context_parallel * decode_context_parallel
     if sum(s.prefix_cacheable for s in specs) > 1 and cp > 1:
         problems.append(f"context parallelism (prefill {prefill_context_parallel} x decode "
@@ -71,7 +71,8 @@ class ExternalCoordinator:
     def store_masks(self, aligned_token_len: int, start_token: int = 0,
                     num_prompt_tokens: int | None = None) -> tuple[list[bool] | None, ...]:
         """Per group, which blocks of `[start_token, aligned_token_len)` are worth storing (the ones
-        the node's own cache would keep); None = all of them. Mamba: never through this path."""
+        the node's own cache would keep); None = all of them. A kind whose row in `kvpipe.gpu.kinds`
+        says `external=False` (Mamba states) never goes through this path."""
         if aligned_token_len % self.scheduler_block_size:
             raise ValueError(f"aligned_token_len {aligned_token_len} is not a multiple of the scheduler "
                              f"block size {self.scheduler_block_size}")
@@ -80,7 +81,7 @@ class ExternalCoordinator:
         out: list[list[bool] | None] = []
         for gid, spec in enumerate(self.specs):
             start, end = start_token // spec.block_size, aligned_token_len // spec.block_size
-            if isinstance(spec, Mamba):
+            if not kind_of(spec).external:
                 out.append([False] * max(end - start, 0))
                 continue
             out.append(reachable_block_mask(spec, start, end, self.scheduler_block_size,

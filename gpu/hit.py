@@ -6,25 +6,16 @@ what the index says a node holds (`longest_hybrid_hit` from fine hashes, `longes
 from per-group lists as the events publish them). One definition, two users, so a route decision
 and the node's own hit cannot disagree.
 
-Per-type rules (`n = max_length // block_size`, hashes viewed at the group's block size):
-  full attention   longest prefix of cached blocks.
-  sliding window   the rightmost run of `cdiv(window - 1, block_size)` consecutive cached blocks
-                   (its right end aligned); the hit ends with the run and earlier slots are null.
-                   No full run: the run touching block 0 (a prefix shorter than the window).
-  Mamba (align)    the last cached block whose end is aligned; earlier slots are null.
-  chunked local    blocks before the current chunk are null, then a prefix of cached blocks.
-Hybrid: spec groups (equal specs merged, full attention first) are visited in turn, each capping
-the candidate length, until a pass leaves it unchanged (one pass when the model is "full attention
-+ one other"). EAGLE groups drop the last matched block, once per candidate length.
+Each group is searched by its kind's hit rule (`kvpipe.gpu.finders`: the per-type finders, and the
+`HitRule` a kind's row in `kvpipe.gpu.kinds` names). Hybrid: spec groups (equal specs merged,
+prefix rules — full attention — first) are visited in turn, each capping the candidate length, until
+a pass leaves it unchanged (one pass when the model is "full attention + one other"). EAGLE groups
+drop the last matched block, once per candidate length.
 
 Fine-grained (partial) hits (vllm-semantics §2.5, §4.2-4.3): when a Mamba group in align mode has a
 block larger than the hash unit (and every other cacheable group either has a fine-grained finder or
-sits at the hash unit, `partial_hits_enabled`), hits land on the hash unit instead of the lcm. A
-fine-grained group is then searched on the request's hash-unit list, not its block view:
-  full attention   the cached prefix of whole blocks, then the hash units inside the next block
-                   probed from high to low (a partial entry); EAGLE drops one hash unit.
-  Mamba            the highest cached hash unit (a block end or a partial entry).
-Sliding-window and chunked-local groups keep their block rules (they must sit at the hash unit).
+sits at the hash unit, `partial_hits_enabled`), hits land on the hash unit instead of the lcm, and a
+fine-grained group is searched on the request's hash-unit list, not its block view.
 
 A found list holds, per block slot, None for a null slot or the lookup's truthy value.
 """
@@ -35,155 +26,17 @@ from collections.abc import Callable, Collection, Container, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from kvpipe.gpu.specs import ChunkedLocal, FullAttention, KVSpec, Mamba, SlidingWindow
-
-# Lookup for one spec group: a truthy value when every member group holds the hash, else falsy.
-Lookup = Callable[[bytes], Any]
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-# --- per-type finders --------------------------------------------------------------------------
-
-
-def is_fine_grained(block_size: int, alignment: int) -> bool:
-    """A fine-grained finder searches hash units: the alignment is the unit, below the block."""
-    return alignment < block_size and block_size % alignment == 0
-
-
-def find_full(hashes: Sequence[bytes], max_length: int, block_size: int, alignment: int,
-              lookup: Lookup, drop_eagle: bool = False) -> tuple[list[Any], int]:
-    fine = is_fine_grained(block_size, alignment)
-    # Fine-grained: `hashes` is the hash-unit list; a whole block's hash is its last unit's.
-    k = block_size // alignment if fine else 1
-    blocks = hashes[k - 1::k] if fine else hashes
-    found: list[Any] = []
-    for h in blocks[: max_length // block_size]:
-        v = lookup(h)
-        if not v:
-            break  # chained hashes: a miss means every later block misses too
-        found.append(v)
-    hit = len(found) * block_size
-    if fine:
-        # A partial entry inside the next block: probe its interior units, longest first.
-        first = len(found) * k
-        last = min(first + k - 1, max_length // alignment, len(hashes))
-        for j in range(last - 1, first - 1, -1):
-            v = lookup(hashes[j])
-            if v:
-                found.append(v)
-                hit = (j + 1) * alignment
-                break
-    if drop_eagle and hit > 0:
-        hit -= min(alignment, block_size)
-    hit -= hit % alignment
-    del found[cdiv(hit, block_size):]
-    return found, hit
-
-
-def sliding_blocks_needed(window: int, block_size: int, eagle: bool = False) -> int:
-    """Consecutive cached blocks a sliding-window hit needs (one more when EAGLE drops one)."""
-    return cdiv(window - 1, block_size) + (1 if eagle else 0)
-
-
-def find_sliding(hashes: Sequence[bytes], max_length: int, block_size: int, window: int,
-                 alignment: int, lookup: Lookup, drop_eagle: bool = False) -> tuple[list[Any], int]:
-    need = sliding_blocks_needed(window, block_size, drop_eagle)
-    n = min(max_length // block_size, len(hashes))
-    found: list[Any] = [None] * n
-    aligned_only = block_size != alignment
-    run = 0
-    matched = False
-    for i in range(n - 1, -1, -1):
-        if run == 0 and aligned_only:
-            # A run may only end (at its right) on an aligned boundary; an unaligned block
-            # cannot start one whether cached or not, so skip the lookup.
-            if (((i if drop_eagle else i + 1) * block_size) % alignment) != 0:
-                continue
-        v = lookup(hashes[i])
-        if v:
-            found[i] = v
-            run += 1
-            if run >= need:
-                del found[i + run:]
-                matched = True
-                break
-        else:
-            run = 0
-    if not matched:
-        del found[run:]  # the run touching block 0, possibly empty
-        if aligned_only:
-            while (len(found) * block_size) % alignment:
-                found.pop()
-    if drop_eagle and found:
-        found.pop()
-        if aligned_only:
-            while (len(found) * block_size) % alignment:
-                found.pop()
-    return found, len(found) * block_size
-
-
-def find_mamba(hashes: Sequence[bytes], max_length: int, block_size: int, alignment: int,
-               lookup: Lookup) -> tuple[list[Any], int]:
-    if is_fine_grained(block_size, alignment):
-        # `hashes` is the hash-unit list: any cached unit (block end or partial entry) is a state.
-        k = block_size // alignment
-        for j in range(min(max_length // alignment, len(hashes)) - 1, -1, -1):
-            v = lookup(hashes[j])
-            if v:
-                found = [None] * (j // k)
-                found.append(v)
-                return found, (j + 1) * alignment
-        return [], 0
-    n = min(max_length // block_size, len(hashes))
-    aligned_only = block_size != alignment
-    for i in range(n - 1, -1, -1):
-        if aligned_only and ((i + 1) * block_size) % alignment:
-            continue
-        v = lookup(hashes[i])
-        if v:
-            found: list[Any] = [None] * i
-            found.append(v)
-            return found, (i + 1) * block_size
-    return [], 0
-
-
-def find_chunked_local(hashes: Sequence[bytes], max_length: int, block_size: int, chunk: int,
-                       alignment: int, lookup: Lookup) -> tuple[list[Any], int]:
-    if alignment != block_size:
-        raise ValueError("chunked local attention needs every group at one block size "
-                         f"(alignment {alignment} != block size {block_size})")
-    n = min(max_length // block_size, len(hashes))
-    start_block = (max_length // chunk * chunk if max_length > 0 else 0) // block_size
-    found: list[Any] = [None] * start_block
-    for i in range(start_block, n):
-        v = lookup(hashes[i])
-        if not v:
-            break
-        found.append(v)
-    return found, len(found) * block_size
-
-
-def find_for_spec(spec: KVSpec, hashes: Sequence[bytes], max_length: int, alignment: int,
-                  lookup: Lookup, drop_eagle: bool = False) -> tuple[list[Any], int]:
-    """Dispatch to the finder of `spec`'s type (hashes already viewed at its block size)."""
-    bs = spec.block_size
-    if isinstance(spec, FullAttention):
-        return find_full(hashes, max_length, bs, alignment, lookup, drop_eagle)
-    if isinstance(spec, SlidingWindow):
-        return find_sliding(hashes, max_length, bs, spec.sliding_window, alignment, lookup, drop_eagle)
-    if isinstance(spec, Mamba):
-        if spec.mode != "align":
-            raise ValueError(f"Mamba prefix caching needs mode 'align', got {spec.mode!r}")
-        return find_mamba(hashes, max_length, bs, alignment, lookup)
-    if isinstance(spec, ChunkedLocal):
-        if drop_eagle:
-            raise ValueError("EAGLE with chunked local attention is not supported (as in vLLM)")
-        return find_chunked_local(hashes, max_length, bs, spec.attention_chunk_size, alignment, lookup)
-    raise ValueError(f"{type(spec).__name__} groups never take part in prefix caching")
-
+from kvpipe.gpu.finders import HitRule, Lookup, cdiv, is_fine_grained, supports_fine_grained
+# The per-type finders lived here before `finders` split off; these names stay importable from here.
+from kvpipe.gpu.finders import find_chunked_local as find_chunked_local
+from kvpipe.gpu.finders import find_for_spec as find_for_spec
+from kvpipe.gpu.finders import find_full as find_full
+from kvpipe.gpu.finders import find_mamba as find_mamba
+from kvpipe.gpu.finders import find_sliding as find_sliding
+from kvpipe.gpu.finders import sliding_blocks_needed as sliding_blocks_needed
+from kvpipe.gpu.kinds import hit_rule
+from kvpipe.gpu.specs import KVSpec
+from kvpipe.schemas.events import ExternalHash
 
 # --- the hybrid fixed point --------------------------------------------------------------------
 
@@ -195,6 +48,12 @@ class SpecGroup:
     spec: KVSpec
     group_ids: tuple[int, ...]
     eagle: bool = False
+
+    @property
+    def rule(self) -> HitRule:
+        rule = hit_rule(self.spec)
+        assert rule is not None, "split_spec_groups keeps prefix-cacheable groups only"
+        return rule
 
 
 def split_spec_groups(specs: Sequence[KVSpec], eagle_groups: Collection[int] = ()) -> list[SpecGroup]:
@@ -211,7 +70,7 @@ def split_spec_groups(specs: Sequence[KVSpec], eagle_groups: Collection[int] = (
             merged.append(SpecGroup(spec, (gid,), gid in eagle_groups))
     if not merged:
         raise ValueError("no prefix-cacheable KV cache group")
-    merged.sort(key=lambda sg: not isinstance(sg.spec, FullAttention))
+    merged.sort(key=lambda sg: not sg.rule.prefix)
     return merged
 
 
@@ -221,12 +80,6 @@ def default_alignment(specs: Sequence[KVSpec], hash_block_size: int | None = Non
     if hash_block_size is not None and partial_hits_enabled(specs, hash_block_size):
         return hash_block_size
     return math.lcm(*(s.block_size for s in specs))
-
-
-def supports_fine_grained(spec: KVSpec) -> bool:
-    """Groups whose finder can search hash units inside a block (vLLM: full attention incl. MLA
-    and sink, and Mamba); the others need hits on their block boundaries."""
-    return isinstance(spec, (FullAttention, Mamba))
 
 
 def partial_hits_enabled(specs: Sequence[KVSpec], hash_block_size: int) -> bool:
@@ -239,8 +92,8 @@ def partial_hits_enabled(specs: Sequence[KVSpec], hash_block_size: int) -> bool:
     also counts) is not modelled."""
     if len(specs) < 2:
         return False
-    if not any(isinstance(s, Mamba) and s.mode == "align" and s.block_size > hash_block_size
-               for s in specs):
+    if not any(rule.enables_partial_hits and s.problem is None and s.block_size > hash_block_size
+               for s in specs if (rule := hit_rule(s)) is not None):
         return False
     return all(supports_fine_grained(s) or s.block_size == hash_block_size
                for s in specs if s.prefix_cacheable)
@@ -259,12 +112,12 @@ class ViewCache:
 
     __slots__ = ("fine", "hash_block_size", "_views")
 
-    def __init__(self, fine: Sequence[bytes], hash_block_size: int) -> None:
+    def __init__(self, fine: Sequence[ExternalHash], hash_block_size: int) -> None:
         self.fine = fine
         self.hash_block_size = hash_block_size
-        self._views: dict[int, Sequence[bytes]] = {}
+        self._views: dict[int, Sequence[ExternalHash]] = {}
 
-    def at(self, block_size: int) -> Sequence[bytes]:
+    def at(self, block_size: int) -> Sequence[ExternalHash]:
         v = self._views.get(block_size)
         if v is None:
             factor, rem = divmod(block_size, self.hash_block_size)
@@ -275,7 +128,7 @@ class ViewCache:
             self._views[block_size] = v
         return v
 
-    def for_spec_group(self, sg: SpecGroup, fine: bool = False) -> Sequence[bytes]:
+    def for_spec_group(self, sg: SpecGroup, fine: bool = False) -> Sequence[ExternalHash]:
         return self.fine if fine else self.at(sg.spec.block_size)
 
     @property
@@ -326,23 +179,26 @@ def find_hit(spec_groups: Sequence[SpecGroup], views: HashViews, lookups: Sequen
     longest = 0
     found: list[list[Any] | None] = [None] * len(spec_groups)
     lengths = [0] * len(spec_groups)
-    simple = len(spec_groups) == 2 and isinstance(spec_groups[0].spec, FullAttention)
+    rules = [sg.rule for sg in spec_groups]
+    simple = len(spec_groups) == 2 and rules[0].prefix
     eagle_verified: set[int] = set()
     num_hashed = views.num_tokens
     while True:
         cur = hit
         for k, sg in enumerate(spec_groups):
-            spec = sg.spec
-            if isinstance(spec, FullAttention) and found[k] is not None:
+            spec, rule = sg.spec, rules[k]
+            if rule.prefix and found[k] is not None:
                 cur = min(cur, lengths[k])  # downward closed: looked up once, then clamped
                 continue
             drop = sg.eagle and k not in eagle_verified
             limit = cur
-            if drop and not isinstance(spec, Mamba):
+            if drop and rule.eagle_lookahead:
                 limit = min(cur + eagle_margin(spec, alignment), num_hashed)
-            fine = supports_fine_grained(spec) and is_fine_grained(spec.block_size, alignment)
-            blocks, new_len = find_for_spec(spec, views.for_spec_group(sg, fine), limit, alignment,
-                                            lookups[k], drop)
+            fine = rule.fine_grained and is_fine_grained(spec.block_size, alignment)
+            reason = spec.problem or rule.refuses(spec, drop, alignment)  # find_for_spec's check, inlined
+            if reason is not None:
+                raise ValueError(reason)
+            blocks, new_len = rule.find(spec, views.for_spec_group(sg, fine), limit, alignment, lookups[k], drop)
             if drop:
                 eagle_verified.add(k)
             elif new_len < cur:
@@ -358,10 +214,10 @@ def find_hit(spec_groups: Sequence[SpecGroup], views: HashViews, lookups: Sequen
             break
     out: list[list[Any]] = []
     for k, sg in enumerate(spec_groups):
-        blocks = found[k] if found[k] is not None else []
-        if isinstance(sg.spec, FullAttention):
-            del blocks[cdiv(hit, sg.spec.block_size):]
-        out.append(blocks)
+        kept = found[k] or []
+        if rules[k].prefix:
+            del kept[cdiv(hit, sg.spec.block_size):]
+        out.append(kept)
     return out, hit, longest
 
 
@@ -442,7 +298,8 @@ def _lookup(ids: tuple[int, ...], is_cached: IsCached) -> Lookup:
     if callable(is_cached):
         fn = is_cached
         if len(ids) == 1:
-            return lambda h, g=ids[0]: fn(g, h)
+            only = ids[0]
+            return lambda h: fn(only, h)
         return lambda h: all(fn(g, h) for g in ids)
     sets = [is_cached[g] for g in ids]
     if len(sets) == 1:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvpipe.gpu.hit import default_alignment, partial_hits_enabled, supports_fine_grained
-from kvpipe.gpu.specs import ChunkedLocal, KVSpec, from_group_spec, resolve_block_sizes
+from kvpipe.gpu.finders import refusal, supports_fine_grained
+from kvpipe.gpu.hit import default_alignment, partial_hits_enabled
+from kvpipe.gpu.specs import KVSpec, from_group_spec, resolve_block_sizes
 from kvpipe.schemas.envelope import GroupSpec, HashConfig
 from kvpipe.schemas.layout import layout_problem as wire_layout_problem
 
@@ -58,8 +59,11 @@ def node_layout(group_specs: Sequence[GroupSpec], hash_config: HashConfig | None
     specs = tuple(from_group_spec(gs) for gs in ordered)
     unit = hash_config.hash_block_size if hash_config is not None else resolve_block_sizes(specs)[1]
     alignment = default_alignment(specs, unit)
-    if any(isinstance(s, ChunkedLocal) and s.block_size != alignment for s in specs):
-        raise ValueError(f"chunked local attention needs hits on its block, but they land on {alignment}")
+    for s in specs:
+        # a group whose rule cannot serve hits where they land (chunked local attention off its block)
+        reason = refusal(s, False, alignment) if s.prefix_cacheable else None
+        if reason is not None:
+            raise ValueError(reason)
     eagle = frozenset(gs.group_idx for gs in ordered if gs.eagle)
     return NodeLayout(tuple(gs.group_idx for gs in ordered), specs, unit, alignment,
                       partial_hits_enabled(specs, unit), eagle)

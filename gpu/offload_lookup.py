@@ -12,13 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from kvpipe.gpu.cpu_tier import LookupResult, OffloadKey, make_offload_key
-from kvpipe.gpu.specs import ChunkedLocal, FullAttention, KVSpec, Mamba, SlidingWindow
+from kvpipe.gpu.kinds import RULE_CHUNKED_LOCAL, RULE_FULL, RULE_MAMBA, RULE_SLIDING, kind_of
+from kvpipe.gpu.specs import ChunkedLocal, KVSpec
 
 Lookup = Callable[[OffloadKey], LookupResult]
 
-FULL, SLIDING, MAMBA, CHUNKED_LOCAL = "full", "sliding_window", "mamba", "chunked_local"
+# Group kinds of the offload rules, named as the hit rules of the same families (a kind's row in
+# `kvpipe.gpu.kinds` says which one it takes: its `offload`).
+FULL, SLIDING, MAMBA, CHUNKED_LOCAL = RULE_FULL, RULE_SLIDING, RULE_MAMBA, RULE_CHUNKED_LOCAL
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -50,17 +54,14 @@ class OffloadGroup:
 
     @classmethod
     def from_spec(cls, group_idx: int, spec: KVSpec, blocks_per_chunk: int, hash_block_size: int) -> OffloadGroup:
-        common = dict(group_idx=group_idx, tokens_per_block=spec.block_size,
-                      blocks_per_chunk=blocks_per_chunk, hash_block_size=hash_block_size)
-        if isinstance(spec, SlidingWindow):
-            return cls(kind=SLIDING, sliding_window=spec.sliding_window, **common)
-        if isinstance(spec, ChunkedLocal):
-            return cls(kind=CHUNKED_LOCAL, attention_chunk_size=spec.attention_chunk_size, **common)
-        if isinstance(spec, Mamba):
-            return cls(kind=MAMBA, **common)
-        if isinstance(spec, FullAttention):
-            return cls(kind=FULL, **common)
-        raise ValueError(f"group {group_idx}: {type(spec).__name__} groups are not offloaded")
+        kind = kind_of(spec).offload
+        if kind is None:
+            raise ValueError(f"group {group_idx}: {type(spec).__name__} groups are not offloaded")
+        return cls(group_idx=group_idx, kind=kind, tokens_per_block=spec.block_size,
+                   blocks_per_chunk=blocks_per_chunk, hash_block_size=hash_block_size,
+                   sliding_window=spec.window if kind == SLIDING else None,
+                   attention_chunk_size=cast(ChunkedLocal, spec).attention_chunk_size
+                   if kind == CHUNKED_LOCAL else None)
 
     @property
     def tokens_per_chunk(self) -> int:

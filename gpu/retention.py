@@ -16,10 +16,16 @@ and the request's shared-prefix junction, each rounded down to the alignment.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import cast
 
-from kvpipe.gpu.hit import sliding_blocks_needed
-from kvpipe.gpu.specs import KVSpec, Mamba, SlidingWindow
+from kvpipe.gpu.finders import sliding_blocks_needed
+from kvpipe.gpu.kinds import kind_of
+from kvpipe.gpu.specs import KVSpec, SlidingWindow
+
+# A kind's retention rule (its row's `retention` in `kvpipe.gpu.kinds`): `(spec, start_block,
+# end_block, alignment, eagle, retention, boundaries)` → the mask, None for every block.
+Mask = Callable[[KVSpec, int, int, int | None, bool, int | None, Sequence[int]], list[bool] | None]
 
 
 def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, eagle: bool) -> tuple[int, ...]:
@@ -32,14 +38,15 @@ def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, eagle: 
     return tuple(sorted({max(resend - bs, 0), max(extension - bs, 0)}))
 
 
-def sliding_mask(spec: SlidingWindow, start_block: int, end_block: int, alignment: int | None,
+def sliding_mask(spec: KVSpec, start_block: int, end_block: int, alignment: int | None,
                  eagle: bool, retention: int | None, boundaries: Sequence[int]) -> list[bool] | None:
+    """The window's tail before each boundary (and per retention segment)."""
     if alignment is None:
         return None
     bs = spec.block_size
     if alignment % bs:
         return None  # a block-granular mask cannot express a sub-block alignment: keep all
-    need = sliding_blocks_needed(spec.sliding_window, bs, eagle)
+    need = sliding_blocks_needed(cast(SlidingWindow, spec).sliding_window, bs, eagle)
     shift = 1 if eagle else 0
     mask = [False] * (end_block - start_block)
     segment = alignment if retention is None else (retention or None)
@@ -59,8 +66,9 @@ def sliding_mask(spec: SlidingWindow, start_block: int, end_block: int, alignmen
     return mask
 
 
-def mamba_mask(spec: Mamba, start_block: int, end_block: int, alignment: int | None,
-               retention: int | None, boundaries: Sequence[int]) -> list[bool] | None:
+def mamba_mask(spec: KVSpec, start_block: int, end_block: int, alignment: int | None,
+               eagle: bool, retention: int | None, boundaries: Sequence[int]) -> list[bool] | None:
+    """The state block ending at each boundary (and per retention segment); EAGLE moves no state."""
     if retention is None or alignment is None:
         return None
     bs = spec.block_size
@@ -83,8 +91,7 @@ def reachable_block_mask(spec: KVSpec, start_block: int, end_block: int, alignme
                          eagle: bool = False, retention: int | None = None,
                          boundaries: Sequence[int] = ()) -> list[bool] | None:
     """Mask over blocks `[start_block, end_block)` of the group; None = cache every block."""
-    if isinstance(spec, SlidingWindow):
-        return sliding_mask(spec, start_block, end_block, alignment, eagle, retention, boundaries)
-    if isinstance(spec, Mamba):
-        return mamba_mask(spec, start_block, end_block, alignment, retention, boundaries)
-    return None
+    mask = kind_of(spec).retention
+    if mask is None:
+        return None
+    return mask(spec, start_block, end_block, alignment, eagle, retention, boundaries)

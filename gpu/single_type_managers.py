@@ -4,7 +4,8 @@ One manager per group; all managers of a node share one block pool. A manager ow
 request's block table (`req_to_blocks`, null blocks for skipped slots) and how many of its blocks
 are already cached (`num_cached_block`), and decides which leading blocks attention no longer
 reads (`num_skipped_tokens`) so they can be freed early. Hit *search* is not here: it is the pure
-`kvpipe.gpu.hit` module, shared with the router.
+`kvpipe.gpu.hit` module, shared with the router. Which manager a kind gets is its row in
+`kvpipe.gpu.kinds` (`make_manager`).
 
 Invariants:
 * `num_cached_block[r]` counts leading slots that were cached or deliberately skipped (hit
@@ -21,12 +22,13 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from kvpipe.gpu.block_pool import BlockPool, KVBlock
-from kvpipe.gpu.hit import cdiv
+from kvpipe.gpu.finders import cdiv
+from kvpipe.gpu.kinds import kind_of
 from kvpipe.gpu.retention import reachable_block_mask
-from kvpipe.gpu.specs import ChunkedLocal, CrossAttention, FullAttention, KVSpec, Mamba, SlidingWindow
+from kvpipe.gpu.specs import ChunkedLocal, KVSpec, SlidingWindow
 
 
 class SingleTypeManager:
@@ -183,12 +185,12 @@ class SlidingWindowManager(SingleTypeManager):
     """Tokens before `processed - window + 1` are never read again: their blocks go early."""
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        return max(0, num_computed_tokens - self.spec.sliding_window + 1)  # type: ignore[attr-defined]
+        return max(0, num_computed_tokens - cast(SlidingWindow, self.spec).sliding_window + 1)
 
 
 class ChunkedLocalManager(SingleTypeManager):
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        chunk = self.spec.attention_chunk_size  # type: ignore[attr-defined]
+        chunk = cast(ChunkedLocal, self.spec).attention_chunk_size
         return num_computed_tokens // chunk * chunk
 
 
@@ -207,6 +209,8 @@ class MambaAlignManager(SingleTypeManager):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.spec.problem is not None:
+            raise ValueError(f"group {self.group_idx}: {self.spec.problem}")
         self.last_state_idx: dict[str, int] = {}
         self.retired: dict[str, int] = {}
 
@@ -291,18 +295,9 @@ class CrossAttentionManager(SingleTypeManager):
 
 def make_manager(spec: KVSpec, pool: BlockPool, group_idx: int, alignment: int,
                  eagle: bool = False) -> SingleTypeManager:
-    if isinstance(spec, FullAttention):
-        cls: type[SingleTypeManager] = FullAttentionManager
-    elif isinstance(spec, SlidingWindow):
-        cls = SlidingWindowManager
-    elif isinstance(spec, Mamba):
-        if spec.mode != "align":
-            raise ValueError(f"group {group_idx}: only Mamba mode 'align' is supported, got {spec.mode!r}")
-        cls = MambaAlignManager
-    elif isinstance(spec, ChunkedLocal):
-        cls = ChunkedLocalManager
-    elif isinstance(spec, CrossAttention):
-        cls = CrossAttentionManager
-    else:
-        raise ValueError(f"group {group_idx}: no manager for {type(spec).__name__}")
+    """The manager of `spec`'s kind (its row in `kvpipe.gpu.kinds`)."""
+    try:
+        cls = kind_of(spec).manager
+    except ValueError as exc:
+        raise ValueError(f"group {group_idx}: no manager for {type(spec).__name__} ({exc})") from None
     return cls(spec, pool, group_idx, alignment, eagle)

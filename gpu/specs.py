@@ -8,36 +8,50 @@ Block-size arithmetic (`resolve_block_sizes`): the scheduler block is the lcm of
 sizes (hits and hybrid caching land on it); the hash unit is the gcd of the prefix-cacheable
 groups' block sizes (every group's block is a whole number of hash units). One group: both equal
 its block size.
+
+What each kind does (manager, hit rule, retention, offload) is its row in `kvpipe.gpu.kinds`.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvpipe.schemas.layout import resolve_hash_unit
+from kvpipe.gpu.kinds import hit_rule, read_as
 from kvpipe.schemas.envelope import (
     KIND_CHUNKED_LOCAL,
     KIND_CROSS,
     KIND_FULL,
     KIND_MAMBA,
-    KIND_MLA,
     KIND_SINK_FULL,
     KIND_SLIDING,
-    KIND_SLIDING_MLA,
     GroupSpec,
 )
+from kvpipe.schemas.layout import resolve_hash_unit
 
 
 @dataclass(frozen=True, slots=True)
 class KVSpec:
+    """A group's spec. What kvpipe does for each kind (manager, hit rule, retention, offload) is the
+    row of `kind` in `kvpipe.gpu.kinds.KINDS`; the class holds the fields and their wire form."""
+
     block_size: int
 
     kind = "unknown"
-    prefix_cacheable = True
+    label = "unknown"  # how a message names the kind
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
             raise ValueError(f"{type(self).__name__}: block_size must be positive, got {self.block_size}")
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        """Whether the kind takes part in prefix caching at all (it has a hit rule)."""
+        return hit_rule(self) is not None
+
+    @property
+    def problem(self) -> str | None:
+        """Why a group with this spec cannot be prefix-cached as declared (None: it can)."""
+        return None
 
     @property
     def window(self) -> int | None:
@@ -48,10 +62,44 @@ class KVSpec:
         return GroupSpec(group_idx=group_idx, kind=self.kind, block_size=self.block_size,
                          sliding_window=self.window)
 
+    @classmethod
+    def from_group_spec(cls, gs: GroupSpec) -> KVSpec:
+        """The spec of a published group whose kind reads as this class (`kvpipe.gpu.kinds.read_as`)."""
+        return cls(gs.block_size)
+
 
 @dataclass(frozen=True, slots=True)
 class FullAttention(KVSpec):
     kind = KIND_FULL
+    label = "full attention"
+
+
+@dataclass(frozen=True, slots=True)
+class SinkFullAttention(FullAttention):
+    """Full attention behind `sink_len` tokens of static sink KV (vLLM's `SinkFullAttentionSpec`).
+
+    The sink's KV is the model's, kept outside every request's blocks, so blocks, hits, retention and
+    offload are full attention's; the kind stays its own (published as `sink_full_attention`, never
+    merged with a plain full-attention group). vLLM requires the sink to fill whole blocks; it does
+    not publish `sink_len`, so a group read from the wire may not know it (None)."""
+
+    sink_len: int | None = None
+
+    kind = KIND_SINK_FULL
+    label = "sink full attention"
+
+    def __post_init__(self) -> None:
+        KVSpec.__post_init__(self)
+        if self.sink_len is not None and (self.sink_len <= 0 or self.sink_len % self.block_size):
+            raise ValueError(f"SinkFullAttention: sink_len must be a positive multiple of block_size "
+                             f"{self.block_size}, got {self.sink_len}")
+
+    def to_group_spec(self, group_idx: int) -> GroupSpec:
+        return GroupSpec(group_idx=group_idx, kind=self.kind, block_size=self.block_size, sink_len=self.sink_len)
+
+    @classmethod
+    def from_group_spec(cls, gs: GroupSpec) -> KVSpec:
+        return cls(gs.block_size, gs.sink_len)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +107,7 @@ class SlidingWindow(KVSpec):
     sliding_window: int = 0
 
     kind = KIND_SLIDING
+    label = "sliding window"
 
     def __post_init__(self) -> None:
         KVSpec.__post_init__(self)
@@ -69,6 +118,12 @@ class SlidingWindow(KVSpec):
     def window(self) -> int:
         return self.sliding_window
 
+    @classmethod
+    def from_group_spec(cls, gs: GroupSpec) -> KVSpec:
+        if not gs.sliding_window:
+            raise ValueError(f"group {gs.group_idx}: {gs.kind} without sliding_window")
+        return cls(gs.block_size, gs.sliding_window)
+
 
 @dataclass(frozen=True, slots=True)
 class Mamba(KVSpec):
@@ -77,10 +132,22 @@ class Mamba(KVSpec):
     mode: str = "align"
 
     kind = KIND_MAMBA
+    label = "Mamba"
+
+    @property
+    def problem(self) -> str | None:
+        if self.mode == "align":
+            return None
+        return f"Mamba mode {self.mode!r}: prefix caching needs mode 'align' (one state per block end)"
 
     def to_group_spec(self, group_idx: int) -> GroupSpec:
         return GroupSpec(group_idx=group_idx, kind=self.kind, block_size=self.block_size,
                          mamba_cache_mode=self.mode)
+
+    @classmethod
+    def from_group_spec(cls, gs: GroupSpec) -> KVSpec:
+        # A node that publishes Mamba blocks caches them, which vLLM allows only in "align" mode.
+        return cls(gs.block_size, gs.mamba_cache_mode or "align")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +155,7 @@ class ChunkedLocal(KVSpec):
     attention_chunk_size: int = 0
 
     kind = KIND_CHUNKED_LOCAL
+    label = "chunked local attention"
 
     def __post_init__(self) -> None:
         KVSpec.__post_init__(self)
@@ -98,13 +166,19 @@ class ChunkedLocal(KVSpec):
         return GroupSpec(group_idx=group_idx, kind=self.kind, block_size=self.block_size,
                          attention_chunk_size=self.attention_chunk_size)
 
+    @classmethod
+    def from_group_spec(cls, gs: GroupSpec) -> KVSpec:
+        if not gs.attention_chunk_size:
+            raise ValueError(f"group {gs.group_idx}: {gs.kind} without attention_chunk_size")
+        return cls(gs.block_size, gs.attention_chunk_size)
+
 
 @dataclass(frozen=True, slots=True)
 class CrossAttention(KVSpec):
-    """Encoder-decoder cross attention: per-request encoder KV, never prefix-cached."""
+    """Encoder-decoder cross attention: per-request encoder KV, never prefix-cached (no hit rule)."""
 
     kind = KIND_CROSS
-    prefix_cacheable = False
+    label = "cross-attention"
 
 
 def resolve_block_sizes(specs: Sequence[KVSpec], prefix_match_unit: int | None = None
@@ -114,14 +188,11 @@ def resolve_block_sizes(specs: Sequence[KVSpec], prefix_match_unit: int | None =
     `prefix_match_unit` is an explicit hash unit (vLLM's `--prefix-match-unit`): hybrid models
     hash at it instead of the gcd, provided every prefix-cacheable block is a whole number of
     units; a one-group model accepts only its own block size (its hits land on the block). The
-    rule itself is `kvpipe.schemas.layout.resolve_hash_unit`, shared with the bridge and processor."""
+    rule itself is `kvpipe.schemas.layout.resolve_hash_unit`, shared with the bridge and processor;
+    a group that cannot cache as declared (`KVSpec.problem`: Mamba outside align mode) makes vLLM
+    hash at the lcm."""
     return resolve_hash_unit([s.block_size for s in specs], [s.prefix_cacheable for s in specs],
-                             any(isinstance(s, Mamba) and s.mode != "align" for s in specs), prefix_match_unit)
-
-
-# Kinds whose hit rule is full attention's (vLLM: MLA and sink subclasses use the same manager).
-_FULL_KINDS = frozenset({KIND_FULL, KIND_MLA, KIND_SINK_FULL})
-_SLIDING_KINDS = frozenset({KIND_SLIDING, KIND_SLIDING_MLA})
+                             any(s.problem is not None for s in specs), prefix_match_unit)
 
 
 def from_group_spec(gs: GroupSpec) -> KVSpec:
@@ -129,22 +200,10 @@ def from_group_spec(gs: GroupSpec) -> KVSpec:
     `KVSpec.to_group_spec`). Raises ValueError for a kind whose hit rule is unknown or a spec
     missing the field its rule needs — a caller must not guess a hit from it.
 
-    MLA/sink kinds map to their rule's class, so two groups differing only in that would merge
-    here but not in vLLM; for full attention and sliding windows the hit is the same either way
-    (a merged lookup accepts a length exactly when every member does)."""
-    if gs.kind in _FULL_KINDS:
-        return FullAttention(gs.block_size)
-    if gs.kind in _SLIDING_KINDS:
-        if not gs.sliding_window:
-            raise ValueError(f"group {gs.group_idx}: {gs.kind} without sliding_window")
-        return SlidingWindow(gs.block_size, gs.sliding_window)
-    if gs.kind == KIND_MAMBA:
-        # A node that publishes Mamba blocks caches them, which vLLM allows only in "align" mode.
-        return Mamba(gs.block_size, gs.mamba_cache_mode or "align")
-    if gs.kind == KIND_CHUNKED_LOCAL:
-        if not gs.attention_chunk_size:
-            raise ValueError(f"group {gs.group_idx}: {gs.kind} without attention_chunk_size")
-        return ChunkedLocal(gs.block_size, gs.attention_chunk_size)
-    if gs.kind == KIND_CROSS:
-        return CrossAttention(gs.block_size)
-    raise ValueError(f"group {gs.group_idx}: no hit rule for kind {gs.kind!r}")
+    Kinds another row `reads` (`kvpipe.gpu.kinds`) map to that row's class, so two groups differing
+    only in that would merge here but not in vLLM; for full attention and sliding windows the hit is
+    the same either way (a merged lookup accepts a length exactly when every member does)."""
+    row = read_as(gs.kind)
+    if row is None:
+        raise ValueError(f"group {gs.group_idx}: no hit rule for kind {gs.kind!r}")
+    return row.spec_class.from_group_spec(gs)

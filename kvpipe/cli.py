@@ -33,7 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 # Modules the base install leaves out → the extra that brings them (pyproject.toml).
-EXTRA_FOR_MODULE = {"torch": "gpu", "numpy": "gpu"}
+EXTRA_FOR_MODULE = {"torch": "gpu", "numpy": "gpu",
+                    # the analytics role: the store's client and engine, the SQL guard's parser, the report's plots
+                    "clickhouse_connect": "analytics", "chdb": "analytics", "sqlglot": "analytics",
+                    "matplotlib": "analytics"}
 
 
 class LazyGroup(click.Group):

@@ -78,12 +78,13 @@ class Command(click.Command):
         if not ctx.resilient_parsing:
             _fold_aliases(ctx)
             for param in self.params:
-                if isinstance(param, LogLevelOption):
+                if isinstance(param, LogLevelOption) and param.name is not None:
                     ctx.params[param.name] = log_level(ctx.params.get(param.name), param.command_default)
         return rest
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        own, shared = [], []
+        own: list[tuple[str, str]] = []
+        shared: list[tuple[str, str]] = []
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
             if record is not None:

@@ -242,6 +242,9 @@ KAFKA_HEADERS: list[tuple[str, bytes]] = [
     (HEADER_VERSION, str(SCHEMA_MAJOR).encode()),
     (HEADER_CONTENT_TYPE, CONTENT_TYPE.encode()),
 ]
+# The same headers, typed as confluent_kafka's `Producer.produce(headers=...)` takes them: its list is invariant in
+# the value type (str | bytes | None), so a list of bytes values does not type-check there.
+PRODUCE_HEADERS: list[tuple[str, str | bytes | None]] = list(KAFKA_HEADERS)
 
 
 def check_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> None:

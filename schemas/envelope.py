@@ -13,6 +13,8 @@ envelope of an epoch (seq 0) and periodically after that.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import msgspec
 
 SCHEMA_MAJOR = 1
@@ -34,6 +36,27 @@ KNOWN_KINDS = frozenset(
 )
 
 
+class KindParam(NamedTuple):
+    """The one number a kind's group carries beside its block size (the `--groups` grammar's third item)."""
+
+    field: str  # the GroupSpec field holding it
+    words: str  # how a message names it
+    placeholder: str  # how the grammar names it
+    required: bool = True  # False: a group of the kind may leave it out
+
+
+# Kinds with a parameter, as data, for the grammar (`kvpipe.schemas.groupspec`); what each kind does
+# is the GPU side's (`kvpipe.gpu.kinds`).
+KIND_PARAMS: dict[str, KindParam] = {
+    KIND_SLIDING: KindParam("sliding_window", "window", "WINDOW"),
+    KIND_SLIDING_MLA: KindParam("sliding_window", "window", "WINDOW"),
+    KIND_CHUNKED_LOCAL: KindParam("attention_chunk_size", "chunk size", "CHUNK"),
+    KIND_SINK_FULL: KindParam("sink_len", "sink length", "SINK_LEN", required=False),
+}
+# Fields every group of a kind declares with one value: a Mamba group that caches is in align mode.
+KIND_FIXED: dict[str, dict[str, str]] = {KIND_MAMBA: {"mamba_cache_mode": "align"}}
+
+
 class GroupSpec(msgspec.Struct, omit_defaults=True):
     """One KV cache group of a node (vLLM's `kv_cache_groups[group_idx]`)."""
 
@@ -47,6 +70,9 @@ class GroupSpec(msgspec.Struct, omit_defaults=True):
     # Added in v1 (additive): the group serves an EAGLE draft, so its hit drops the last matched
     # block (or hash unit when partial hits are on) before the generation point.
     eagle: bool = False
+    # Added in v1 (additive): tokens of static sink KV a sink-full-attention group keeps outside the
+    # requests' blocks (a multiple of block_size). vLLM does not publish it: None when not declared.
+    sink_len: int | None = None
 
 
 class HashConfig(msgspec.Struct, omit_defaults=True):

@@ -4,8 +4,9 @@
 
 Items are in group order (the first is group 0). KIND is vLLM's name (`full_attention`,
 `sliding_window`, `mamba`, `chunked_local_attention`, ... — `kvpipe.schemas.envelope.KNOWN_KINDS`) or a
-short one (`full`, `swa`, `local`, ...: `SHORT_KINDS`). Sliding-window kinds take the window in
-tokens, chunked-local attention its chunk size; the other kinds take none.
+short one (`full`, `swa`, `local`, ...: `SHORT_KINDS`). A kind with a parameter
+(`kvpipe.schemas.envelope.KIND_PARAMS`: sliding-window kinds their window in tokens, chunked-local
+attention its chunk size) takes it as the third item; the other kinds take none.
 
 The bridge's older per-group form `IDX:KIND:BLOCK_SIZE[:WINDOW]` (an explicit group index first)
 is still read, and `parse_groups` reports it through `on_deprecated` so a command can say which
@@ -15,13 +16,16 @@ from __future__ import annotations
 
 from typing import Callable
 
+import msgspec
+
 from kvpipe.schemas.envelope import (
     KIND_CHUNKED_LOCAL,
     KIND_CROSS,
     KIND_ENCODER_ONLY,
+    KIND_FIXED,
     KIND_FULL,
-    KIND_MAMBA,
     KIND_MLA,
+    KIND_PARAMS,
     KIND_SINK_FULL,
     KIND_SLIDING,
     KIND_SLIDING_MLA,
@@ -29,7 +33,8 @@ from kvpipe.schemas.envelope import (
     GroupSpec,
 )
 
-GRAMMAR = "KIND:BLOCK_SIZE[:WINDOW|CHUNK], comma separated in group order"
+GRAMMAR = (f"KIND:BLOCK_SIZE[:{'|'.join(dict.fromkeys(p.placeholder for p in KIND_PARAMS.values()))}], "
+           "comma separated in group order")
 EXAMPLE = "full_attention:16,sliding_window:16:128,mamba:16"
 
 SHORT_KINDS = {
@@ -38,8 +43,6 @@ SHORT_KINDS = {
     "chunked_local": KIND_CHUNKED_LOCAL, "local": KIND_CHUNKED_LOCAL,
     "cross": KIND_CROSS, "encoder_only": KIND_ENCODER_ONLY,
 }
-_WINDOWED = {KIND_SLIDING, KIND_SLIDING_MLA}
-_THIRD_FIELD = _WINDOWED | {KIND_CHUNKED_LOCAL}
 
 
 class GroupSpecError(ValueError):
@@ -71,20 +74,17 @@ def _spec(idx: int, kind_text: str, nums: list[str], item: str) -> GroupSpec:
         raise GroupSpecError(f"group {item!r}: unknown kind {kind_text!r}; known: {known}")
     if not nums or len(nums) > 2:
         raise GroupSpecError(f"group {item!r}: expected {GRAMMAR} (e.g. {EXAMPLE})")
-    if kind in _THIRD_FIELD and len(nums) != 2:
-        what = "window" if kind in _WINDOWED else "chunk size"
-        raise GroupSpecError(f"group {item!r}: {kind} needs BLOCK_SIZE:{what.upper().replace(' ', '_')} "
-                             f"(its {what} in tokens)")
-    if kind not in _THIRD_FIELD and len(nums) == 2:
+    param = KIND_PARAMS.get(kind)
+    if param is not None and param.required and len(nums) != 2:
+        raise GroupSpecError(f"group {item!r}: {kind} needs BLOCK_SIZE:{param.words.upper().replace(' ', '_')} "
+                             f"(its {param.words} in tokens)")
+    if param is None and len(nums) == 2:
         raise GroupSpecError(f"group {item!r}: {kind} takes only BLOCK_SIZE")
     block_size = _int(nums[0], item)
-    third = _int(nums[1], item) if len(nums) == 2 else None
-    return GroupSpec(
-        group_idx=idx, kind=kind, block_size=block_size,
-        sliding_window=third if kind in _WINDOWED else None,
-        attention_chunk_size=third if kind == KIND_CHUNKED_LOCAL else None,
-        mamba_cache_mode="align" if kind == KIND_MAMBA else None,
-    )
+    fields: dict[str, object] = dict(KIND_FIXED.get(kind, {}))
+    if param is not None and len(nums) == 2:
+        fields[param.field] = _int(nums[1], item)
+    return msgspec.structs.replace(GroupSpec(group_idx=idx, kind=kind, block_size=block_size), **fields)
 
 
 def parse_group(item: str, idx: int) -> tuple[GroupSpec, bool]:
@@ -124,6 +124,7 @@ def format_groups(specs: list[GroupSpec]) -> str:
     """The grammar's text for `specs` in group order (the inverse of `parse_groups`)."""
     out = []
     for s in sorted(specs, key=lambda g: g.group_idx):
-        third = s.sliding_window if s.kind in _WINDOWED else s.attention_chunk_size if s.kind == KIND_CHUNKED_LOCAL else None
+        param = KIND_PARAMS.get(s.kind)
+        third = getattr(s, param.field) if param is not None else None
         out.append(f"{s.kind}:{s.block_size}" + (f":{third}" if third else ""))
     return ",".join(out)

@@ -140,6 +140,9 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # where the index keeps its blocks (processors/core/slots.py): "native" (native/; the dict reference
     # when it is not importable) or "python" (the reference): equal answers, native is smaller and faster
     index_store: Literal["native", "python"] = "native"
+    # refuse to start without the native core (KVPIPE_REQUIRE_NATIVE=1): where it is missing or stale, the apps
+    # otherwise run on the Python engine and say why at start-up (processors/core/native.py)
+    require_native: bool = False
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{name}={_masked(name, getattr(self, name))!r}" for name in _FIELDS)

@@ -8,7 +8,7 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 venv=${1:?usage: native.sh VENV}
 [ "${KVPIPE_NATIVE:-1}" = 0 ] && exit 0
 src="$here/native"
-key=$( { cd "$src" && find Cargo.toml Cargo.lock pyproject.toml src -type f | LC_ALL=C sort | xargs sha256sum;
+key=$( { cd "$src" && find Cargo.toml Cargo.lock pyproject.toml build.rs kvpipe_native.pyi src -type f | LC_ALL=C sort | xargs sha256sum;
          basename "$venv"; } | sha256sum | cut -c1-16)
 # Already installed from these sources: nothing to do (the common case, checked without a lock).
 if [ "$(cat "$venv/.kvpipe-native" 2>/dev/null)" = "$key" ]; then exit 0; fi

@@ -47,8 +47,9 @@ from typing import Any
 import click
 import msgspec
 
-from kvpipe.processors.analytics.rows import EVENT_COLUMNS, LIFETIME_COLUMNS, event_columns, event_rows, group_kinds_of, \
-    lifetime_columns, number_copies
+from kvpipe.processors.analytics.rows import EVENT_COLUMNS, LIFETIME_COLUMNS, EventRow, event_columns, event_rows, \
+    group_kinds_of, lifetime_columns, number_copies
+from kvpipe.processors.core.lifetimes import LifetimeRow
 from kvpipe.bench.ingest import _create_topics, _delete_topics, _prefill, _raw_consume, make_envelopes
 from kvpipe.processors.core.index import APPLIED, Index
 from kvpipe.processors.core.ingest import Ingest
@@ -56,7 +57,7 @@ from kvpipe.bench.procrun import ProcessorProcess, free_port
 from kvpipe.schemas.cliopts import Command, run as run_command
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
-from kvpipe.schemas.events import BlockStored
+from kvpipe.schemas.events import BlockStored, Event
 from kvpipe.schemas.settings import load_settings
 
 # CPU-heavy but read-only and within the analyst limits: a hash over a bounded cross join of the
@@ -65,21 +66,25 @@ HEAVY_SQL = ("SELECT count() AS n FROM kv_events AS a CROSS JOIN (SELECT seq FRO
              "WHERE cityHash64(a.seq, a.kafka_offset, b.seq) % 97 = 0")
 
 
-def derive_rows(records: list, max_bytes: int) -> tuple[list, list]:
+def derive_rows(records: list, max_bytes: int) -> tuple[list[EventRow], list[LifetimeRow]]:
     """The rows the analytics app writes for these records (the same pure code it runs)."""
-    ingest = Ingest(Index(ttl_s=None), max_bytes)
-    events, lifetimes = [], []
+    ingest = Ingest(Index(ttl_s=None), max_bytes)  # lifetimes as rows (the reference form)
+    events: list[EventRow] = []
+    lifetimes: list[LifetimeRow] = []
     for r in records:
         result = ingest.handle(r.value, r.headers, r.partition, r.offset, 0.0)
-        if result.outcome != APPLIED:
+        env = result.env
+        if result.outcome != APPLIED or env is None:  # applied means decoded: env is there
             continue
-        node = ingest.index.nodes.get(result.env.node_id)
-        kinds = group_kinds_of(result.env) if node is None or not node.group_specs else \
+        node = ingest.index.nodes.get(env.node_id)
+        kinds = group_kinds_of(env) if node is None or not node.group_specs else \
             {g.group_idx: (g.kind, g.block_size) for g in node.group_specs}
-        events.extend(event_rows(result.env, result.events, r.partition, r.offset, time.time(), kinds))
-        if result.lifetimes:
-            number_copies(result.lifetimes)
-            lifetimes.extend(result.lifetimes)
+        events.extend(event_rows(env, result.events, r.partition, r.offset, time.time(), kinds))
+        ended = result.lifetimes
+        if ended:
+            assert isinstance(ended, list)  # an Index() keeps rows, not LifetimeColumns
+            number_copies(ended)
+            lifetimes.extend(ended)
     return events, lifetimes
 
 
@@ -105,17 +110,15 @@ def direct_insert(dsn: str, events: list, lifetimes: list, batch: int) -> float:
 def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacity: bool) -> tuple[float, int]:
     """The fair baseline: everything the app does per message except Kafka, Faust and the writer
     thread, in one thread — decode + index apply (`Ingest`), its row path (`derive.message_rows`,
-    with the re-store tracker when capacity tracking is on) and the same column conversions and
-    inserts in the sink's batch size. Seconds (migrations excluded) and re-store rows written."""
+    with the re-store tracker when capacity tracking is on) and the sink's batches, column
+    conversions and inserts (the table registry's `take` and `insert`) in the sink's batch size.
+    Seconds (migrations excluded) and re-store rows written."""
     import clickhouse_connect
 
-    from kvpipe.processors.core import lifetimes as lifecols
     from kvpipe.processors.analytics.derive import GC_THRESHOLDS, message_rows
-    from kvpipe.processors.analytics.tables import EVENTS, LIFETIMES, LOADS, RESTORES
-    from kvpipe.processors.core.lifetimes import LifetimeColumns
+    from kvpipe.processors.analytics.tables import RESTORES, TABLES, Table
     from kvpipe.processors.analytics.migrations import apply_migrations
-    from kvpipe.processors.analytics.restores import RESTORE_COLUMNS, RestoreTracker, restore_columns
-    from kvpipe.processors.analytics.rows import LOAD_COLUMNS, EventColumns, load_columns
+    from kvpipe.processors.analytics.restores import RestoreTracker
 
     client = clickhouse_connect.get_client(dsn=dsn)
     thresholds = gc.get_threshold()
@@ -125,13 +128,13 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
         apply_migrations(client)
         index = Index(ttl_s=None, lifetimes="columns")  # as the app's (processors/analytics/state.py)
         ingest, tracker = Ingest(index, max_bytes), RestoreTracker() if capacity else None
-        events, lifetimes, restores, loads = EventColumns(), LifetimeColumns(), [], []
+        batches = {t.name: t.batch() for t in TABLES}
         written_restores = 0
 
-        def insert(table: str, rows, columns, convert, final: bool) -> None:
+        def insert(table: Table, rows: Any, final: bool) -> None:
             end = len(rows) if final else len(rows) - len(rows) % batch
             for i in range(0, end, batch):
-                client.insert(table, convert(rows[i:min(i + batch, end)]), column_names=list(columns),
+                client.insert(table.name, table.insert(rows[i:min(i + batch, end)]), column_names=list(table.columns),
                               column_oriented=True)
             del rows[:end]
 
@@ -140,24 +143,15 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
             record_ts = r.timestamp if r.timestamp_type == 1 else None
             result = ingest.handle(r.value, r.headers, r.partition, r.offset, time.time(), record_ts)
             rows = message_rows(result, r.partition, r.offset, index, tracker, time.time())
-            ev, lt, rs, ld = (rows.get(EVENTS, ()), rows.get(LIFETIMES, ()), rows.get(RESTORES, ()),
-                              rows.get(LOADS, ()))
-            if len(ev):
-                events.extend(ev)
-            if lt:
-                lifecols.number_copies(lt)  # per message, as the sink's writer does
-                lifetimes.extend(lt)
-            restores.extend(rs)
-            loads.extend(ld)
-            written_restores += len(rs)
+            for table in TABLES:
+                got = rows.get(table.name)
+                if got is not None and len(got):
+                    table.take(batches[table.name], got)  # lifetimes numbered per message, as the writer does
+            written_restores += len(rows.get(RESTORES, ()))
             final = n == len(records)
-            for table, rows, columns, convert in (("kv_events", events, EVENT_COLUMNS, lambda c: c),
-                                                  ("kv_block_lifetimes", lifetimes, LIFETIME_COLUMNS,
-                                                   LifetimeColumns.insert_columns),
-                                                  ("kv_restores", restores, RESTORE_COLUMNS, restore_columns),
-                                                  ("kv_node_load", loads, LOAD_COLUMNS, load_columns)):
-                if final or len(rows) >= batch:
-                    insert(table, rows, columns, convert, final)
+            for table in TABLES:
+                if final or len(batches[table.name]) >= batch:
+                    insert(table, batches[table.name], final)
         return time.perf_counter() - started, written_restores
     finally:
         gc.set_threshold(*thresholds)
@@ -195,8 +189,8 @@ async def probe_freshness(proc: ProcessorProcess, bootstrap: str, topic: str, no
         for i in range(probes):
             h = base + i
             ts = time.time()
-            events = [BlockStored(block_hashes=[h], parent_block_hash=None, token_ids=[], block_size=16, lora_id=None,
-                                  medium="GPU", lora_name=None, group_idx=0)]
+            events: list[Event] = [BlockStored(block_hashes=[h], parent_block_hash=None, token_ids=[], block_size=16,
+                                               lora_id=None, medium="GPU", lora_name=None, group_idx=0)]
             env = Envelope(v=SCHEMA_MAJOR, node_id=node_id, epoch=1, seq=i, ts=ts, sent_ts=ts, num_events=1,
                            batch=msgspec.Raw(encode_vllm_batch(events, ts)))
             started = time.perf_counter()
@@ -214,7 +208,9 @@ class HeavyQueries:
     """A client that keeps one heavy query running on the analytics app's /sql."""
 
     def __init__(self, url: str) -> None:
-        self.url, self.stop, self.durations, self.statuses = url, threading.Event(), [], []
+        self.url, self.stop = url, threading.Event()
+        self.durations: list[float] = []  # seconds per query
+        self.statuses: list[int] = []  # HTTP status per query (0: no answer)
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -272,6 +268,7 @@ def capacity_part(events: int, report_steps: int) -> dict:
         if seen >= events:
             break
         _, closed = index.apply(env, evs, 0, offset)
+        assert isinstance(closed, list)  # an Index() keeps ended lifetimes as rows
         started = time.perf_counter()
         tracker.observe(env, evs, closed, 0, offset, KINDS)
         tracker_s += time.perf_counter() - started

@@ -23,11 +23,11 @@ from kvpipe.processors.analytics.tables import EVENTS, LIFETIMES, RESTORES
 from kvpipe.processors.core.lifetimes import LifetimeColumns
 from kvpipe.processors.analytics.restores import RestoreTracker
 from kvpipe.processors.analytics.rows import EventColumns, lifetime_columns, number_copies
-from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.index import Index, LifetimesMode
 from kvpipe.processors.core.ingest import Ingest
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 
-MODES = ("rows", "columns")
+MODES: tuple[LifetimesMode, ...] = ("rows", "columns")
 
 
 def encoded_workload(steps: int, **workload: Any) -> list[bytes]:
@@ -40,7 +40,7 @@ def encoded_workload(steps: int, **workload: Any) -> list[bytes]:
     return out
 
 
-def run_once(mode: str, messages: list[bytes], batch_rows: int, max_bytes: int, capacity: bool = True) -> dict:
+def run_once(mode: LifetimesMode, messages: list[bytes], batch_rows: int, max_bytes: int, capacity: bool = True) -> dict:
     index = Index(ttl_s=None, lifetimes=mode)
     ingest, tracker = Ingest(index, max_bytes), RestoreTracker() if capacity else None
     columns = mode == "columns"
@@ -57,14 +57,15 @@ def run_once(mode: str, messages: list[bytes], batch_rows: int, max_bytes: int, 
         ev, lt, rs = rows.get(EVENTS, ()), rows.get(LIFETIMES, ()), rows.get(RESTORES, ())
         t1 = clock()
         agent_s += t1 - t0
-        events.extend(ev) if len(ev) else None
+        if isinstance(ev, EventColumns) and len(ev):  # event columns in both modes
+            events.extend(ev)
         del events[:]  # events are the same work in both modes: not held
         restores += len(rs)
-        if lt:
+        if len(lt):
             lifetimes += len(lt)
-            if columns:
+            if isinstance(lt, LifetimeColumns):  # mode "columns"
                 lifecols.number_copies(lt)
-            else:
+            elif isinstance(lt, list):  # mode "rows": LifetimeRow objects
                 number_copies(lt)
             pending.extend(lt)
             while len(pending) >= batch_rows:
@@ -108,9 +109,9 @@ def lifetimes_path(steps: int, repeats: int = 3, batch_rows: int = 5000, max_byt
                            "lifetimes_per_message": round(rows["lifetimes"] / max(1, len(messages)), 2),
                            "workload": {"steps": steps, **workload}, "capacity_tracking": capacity,
                            "repeats": repeats}
-    for mode, got in best.items():
+    for name, got in best.items():
         total = got["agent_s"] + got["writer_s"]
-        out[mode] = {"lifetimes_per_s": round(got["lifetimes"] / total), "messages_per_s": round(len(messages) / total),
+        out[name] = {"lifetimes_per_s": round(got["lifetimes"] / total), "messages_per_s": round(len(messages) / total),
                      "agent_s": round(got["agent_s"], 3), "writer_s": round(got["writer_s"], 3)}
     out["speedup"] = round((rows["agent_s"] + rows["writer_s"]) / (cols["agent_s"] + cols["writer_s"]), 3)
     return out
@@ -118,9 +119,9 @@ def lifetimes_path(steps: int, repeats: int = 3, batch_rows: int = 5000, max_byt
 
 def lifetimes_part(steps: int) -> dict:
     """The `kvpipe bench analytics` block: the workload, with long prompts, and those without the tracker."""
-    long_prompts = {"blocks_per_prompt": 64, "gpu_blocks": 512}  # ~100 lifetimes per message
+    # long prompts: blocks_per_prompt=64, gpu_blocks=512, ~100 lifetimes per message
     return {"serving_steps": lifetimes_path(steps, repeats=5),
-            "serving_steps_long_prompts": lifetimes_path(steps // 4, repeats=5, **long_prompts),
+            "serving_steps_long_prompts": lifetimes_path(steps // 4, repeats=5, blocks_per_prompt=64, gpu_blocks=512),
             # the re-store tracker's per-end dict work is the same in both modes: without it, what changed
             "serving_steps_long_prompts_no_tracker": lifetimes_path(steps // 4, repeats=5, capacity=False,
-                                                                    **long_prompts)}
+                                                                    blocks_per_prompt=64, gpu_blocks=512)}

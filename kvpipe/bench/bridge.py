@@ -56,7 +56,7 @@ def _publisher_process(conn: Connection, n: int, stores: int, seed: int) -> None
 def _raw(conn: Connection, n: int) -> dict:
     conn.send("serve")
     endpoint, _, events, nbytes = conn.recv()
-    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.RCVHWM, n + 16)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(endpoint)

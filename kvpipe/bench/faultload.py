@@ -17,12 +17,16 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvpipe.bench.procrun import ProcessorProcess, free_port
 from kvpipe.producer.publisher import Publisher
 from kvpipe.schemas.envelope import GroupSpec
 from kvpipe.schemas.events import BlockRemoved, BlockStored
 from kvpipe.schemas.settings import load_settings
+
+if TYPE_CHECKING:
+    from kvpipe.infra.kafka.local import LocalKafka
 
 SPECS = [GroupSpec(group_idx=0, kind="full_attention", block_size=16)]
 HASH_SPAN = 10**9  # node i's hashes are i * HASH_SPAN + step: no two nodes share one
@@ -334,7 +338,7 @@ class IngestPauses:
     def longest_pause_ms(self, since: float, until: float) -> float:
         """Longest time in [since, until] from a sample that saw progress (or nothing waiting) to the
         next such sample, when the samples in between saw messages waiting and none applied."""
-        worst, last_t, last_applied = 0.0, None, None
+        worst, last_t, last_applied = 0.0, None, 0  # last_applied is read only once last_t is set
         for t, applied, published in self.window(since, until):
             if last_t is None:
                 last_t, last_applied = t, applied
@@ -405,10 +409,22 @@ class SnapshotDisk:
     def __init__(self, tmp: Path, partitions: int = 2, size: str = "16m", heap: str = "256m") -> None:
         self.tmp, self.partitions, self.size, self.heap = tmp, partitions, size, heap
         self.small = tmp / "small"
-        self.kafka = None
-        self.rig: Rig | None = None
+        self._kafka: LocalKafka | None = None
+        self._rig: Rig | None = None
         self.snapshots = ""
         self._mounted = False
+
+    @property
+    def kafka(self) -> LocalKafka:
+        if self._kafka is None:
+            raise RuntimeError("SnapshotDisk: start() first")
+        return self._kafka
+
+    @property
+    def rig(self) -> Rig:
+        if self._rig is None:
+            raise RuntimeError("SnapshotDisk: start() first")
+        return self._rig
 
     def start(self) -> "SnapshotDisk":
         import dataclasses
@@ -428,18 +444,18 @@ class SnapshotDisk:
             raise RuntimeError(f"mount -t tmpfs failed: {r.stderr}")
         self._mounted = True
         cfg = BrokerConfig(state_dir=self.tmp / "broker", port=free_port(), controller_port=free_port(), heap=self.heap)
-        self.kafka = LocalKafka(cfg)
+        self._kafka = LocalKafka(cfg)
         self.kafka.up()
         # Phase 1, one log dir: every topic but the snapshots', Faust's own (one run of the app) and
         # the group coordinator's.
-        self.rig = Rig(cfg.bootstrap, self.tmp / "rig", partitions=self.partitions)
+        self._rig = Rig(cfg.bootstrap, self.tmp / "rig", partitions=self.partitions)
         self.rig.processor("first").stop()
         self.rig.processes.clear()
         self._create_offsets_topic(cfg)
         self.kafka.down(grace=20)
 
         # Phase 2: the tmpfs added as a second log dir; the snapshot topic lands there.
-        self.kafka = LocalKafka(dataclasses.replace(cfg, extra_log_dirs=(self.small,)))
+        self._kafka = LocalKafka(dataclasses.replace(cfg, extra_log_dirs=(self.small,)))
         self.kafka.up()
         self.snapshots = f"{self.rig.snapshots}-small"
         ensure_topics(cfg.bootstrap, [TopicSpec(self.snapshots, self.partitions,
@@ -493,7 +509,7 @@ class SnapshotDisk:
 
     def processor(self, **extra: str) -> ProcessorProcess:
         """`kvpipe processor` writing its snapshots to the topic on the small filesystem."""
-        return self.rig.processor(KVPIPE_SNAPSHOT_TOPIC=self.snapshots, **extra)
+        return self.rig.processor(name="processor", snapshot_every_s=1.0, KVPIPE_SNAPSHOT_TOPIC=self.snapshots, **extra)
 
     def fill(self) -> int:
         return fill(self.small / "ballast")
@@ -508,12 +524,12 @@ class SnapshotDisk:
         import subprocess
 
         try:
-            if self.rig is not None:
-                self.rig.close()
+            if self._rig is not None:
+                self._rig.close()
         finally:
             try:
-                if self.kafka is not None:
-                    self.kafka.down(purge=True, grace=10)
+                if self._kafka is not None:
+                    self._kafka.down(purge=True, grace=10)
             finally:
                 if self._mounted:
                     subprocess.run(["umount", "-l", str(self.small)], capture_output=True)

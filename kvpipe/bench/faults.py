@@ -15,7 +15,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import click
 
@@ -41,12 +41,22 @@ def _finish(result: dict, rig: Rig, load: Load, proc) -> dict:
     result.update(check_index(proc, load))
     result["steps_published"] = sum(n.steps for n in load.nodes)
     result["messages"] = sum(end.values())
-    result["processor_alive"] = proc.proc.poll() is None
+    result["processor_alive"] = proc.popen.poll() is None
     result["lost"] = _lost(result)
     return result
 
 
-def _kill(pid: int) -> None:
+class _Common(TypedDict):
+    """The load every probe runs under."""
+
+    nodes: int
+    step_s: float
+
+
+def _kill(pid: int | None) -> None:
+    """SIGKILL `pid` (a broker's `running_pid()`: None when it does not run) and wait until it is gone."""
+    if pid is None:
+        raise RuntimeError("the process to kill is not running")
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -125,10 +135,10 @@ def processor_pause(bootstrap: str, tmp: Path, pause_s: float = 5.0, before_s: f
         proc = rig.processor()
         load = Load(rig, nodes, step_s).start()
         time.sleep(before_s)
-        proc.proc.send_signal(signal.SIGSTOP)
+        proc.popen.send_signal(signal.SIGSTOP)
         time.sleep(pause_s)
         end = rig.end_offsets()
-        proc.proc.send_signal(signal.SIGCONT)
+        proc.popen.send_signal(signal.SIGCONT)
         t0 = time.monotonic()
         proc.wait_offsets(end, timeout=120)
         result = {"probe": "processor_pause", "nodes": nodes, "pause_s": pause_s,
@@ -180,7 +190,7 @@ def leader_kill(tmp: Path, before_s: float = 4.0, after_s: float = 6.0, nodes: i
         load = Load(rig, nodes, step_s).start()
         time.sleep(before_s)
         end = rig.end_offsets()
-        busiest = max(end, key=end.get)
+        busiest = max(end, key=lambda p: end[p])
         md = AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics(rig.events, timeout=30)
         leader = md.topics[rig.events].partitions[busiest].leader
         victim = cluster.nodes[leader - 1]
@@ -197,7 +207,7 @@ def leader_kill(tmp: Path, before_s: float = 4.0, after_s: float = 6.0, nodes: i
         result["analytics_stall_s"] = progress[1].longest_stall_s(killed_at - 0.5, stopped_at)
         wait_analytics_written(ana, rig.end_offsets())
         result.update(check_analytics(ana, load))
-        result["analytics_alive"] = ana.proc.poll() is None
+        result["analytics_alive"] = ana.popen.poll() is None
         result["lost"] = _lost(result)
         return result
     finally:
@@ -279,7 +289,7 @@ def faults(only: str, outage_s: float, pause_s: float, full_s: float, seconds: f
     chosen = {p.strip() for p in only.split(",") if p.strip()}
     if unknown := chosen - set(PROBES):
         raise click.BadParameter(f"unknown probes {sorted(unknown)}; known: {', '.join(PROBES)}", param_hint="--only")
-    common = {"nodes": nodes, "step_s": step_ms / 1000}
+    common = _Common(nodes=nodes, step_s=step_ms / 1000)
     bootstrap = load_settings().bootstrap()
     probes: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="kvpipe-faults-") as d:

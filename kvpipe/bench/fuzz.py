@@ -29,7 +29,7 @@ from kvpipe.processors.core.snapshot import decode_chunk, export_partition, impo
 from kvpipe.schemas.cliopts import Command, run as run_command
 from kvpipe.schemas.codec import ERROR_KINDS, KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import HEADER_CONTENT_TYPE, HEADER_VERSION, SCHEMA_MAJOR, Envelope, GroupSpec
-from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 
 MAX_BYTES = 64 * 1024
 TTL_S = 30.0
@@ -114,7 +114,7 @@ class GoodNodes:
         rng = self.rng
         i = rng.randrange(GOOD_NODES)
         node, held = f"GOOD-node-{i}", self.held[i]
-        events = []
+        events: list[Event] = []
         for _ in range(rng.randint(0, 3)):
             r = rng.random()
             if r < 0.55:
@@ -291,7 +291,9 @@ def run_fuzz(inputs: int, seed: int = 1, hostile_share: float = 0.6, max_nodes: 
     ingest = Ingest(index, MAX_BYTES, max_skew_s=5.0)
     outcomes: Counter = Counter()
     by_label: dict[str, Counter] = {}
-    crashes, examples, misclassified = 0, [], []
+    crashes = 0
+    examples: list[str] = []
+    misclassified: list[str] = []
     n_good = n_hostile = 0
     ts0 = 1_700_000_000.0
     offset = 0
@@ -331,7 +333,10 @@ def run_fuzz(inputs: int, seed: int = 1, hostile_share: float = 0.6, max_nodes: 
             if expect == MUST_DLQ and outcome not in (DLQ, "crash") and len(misclassified) < 20:
                 misclassified.append(f"{label}: expected the DLQ, got {outcome}")
         outcomes[outcome] += 1
-        by_label.setdefault(label, Counter())[outcome if outcome != DLQ else f"dlq:{result.error.kind}"] += 1
+        seen = outcome
+        if outcome == DLQ and result is not None and result.error is not None:  # a DLQ result names its reason
+            seen = f"dlq:{result.error.kind}"
+        by_label.setdefault(label, Counter())[seen] += 1
         if offset % 500 == 0:  # the liveness timer, on the partition clock (a backlog being replayed)
             index.expire(ingest.stream_ts.get(0, 0.0), TTL_S, partition=0)
     seconds = time.perf_counter() - started

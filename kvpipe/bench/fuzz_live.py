@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 
 from kvpipe.bench.procrun import ProcessorProcess, free_port
-from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.codec import PRODUCE_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
 from kvpipe.schemas.events import BlockStored
 from kvpipe.schemas.settings import load_settings
@@ -43,13 +43,13 @@ def oversize_live(count: int, victim_envelopes: int = 100) -> dict:
         producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 5 << 20})
         rng, now = random.Random(1), time.time()
         for _ in range(count):
-            producer.produce(events, key=b"big", value=rng.randbytes(OVERSIZE), headers=KAFKA_HEADERS)
+            producer.produce(events, key=b"big", value=rng.randbytes(OVERSIZE), headers=PRODUCE_HEADERS)
         for seq in range(victim_envelopes):
             ts = now + seq * 0.01
             batch = msgspec.Raw(encode_vllm_batch([BlockStored(block_hashes=[seq], parent_block_hash=None, token_ids=[],
                                                                block_size=16, lora_id=None, medium="GPU", lora_name=None,
                                                                group_idx=0)], ts))
-            producer.produce(events, key=b"victim", headers=KAFKA_HEADERS, value=encode_envelope(
+            producer.produce(events, key=b"victim", headers=PRODUCE_HEADERS, value=encode_envelope(
                 Envelope(v=SCHEMA_MAJOR, node_id="victim", epoch=1, seq=seq, ts=ts, sent_ts=ts, batch=batch)))
         producer.flush(60)
         started = time.monotonic()

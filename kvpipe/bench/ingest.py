@@ -32,6 +32,7 @@ from typing import Any
 import click
 
 from kvpipe.bench.ingest_load import EnvelopeSource, Probes, paced_freshness, summary
+from kvpipe.processors.core import native
 from kvpipe.processors.core.index import Index
 from kvpipe.processors.core.ingest import Ingest
 from kvpipe.bench.procrun import ProcessorProcess, free_port
@@ -129,8 +130,7 @@ def _pure_path(records: list, max_bytes: int, how: str = "handle") -> tuple[floa
     # as the routing app runs it: native store and batch reader when built, lifetimes counted only
     ingest = Ingest(Index(ttl_s=None, lifetimes=False), max_bytes, native_batches=True, native_runs=how == "run")
     if how == "run" and not ingest.native_runs:
-        raise click.ClickException("the native ingest run is not built (kvpipe_native.ingest_run): "
-                                   "run infra/scripts/native.sh on this venv")
+        raise click.ClickException(f"the native ingest run needs the native core: {native.reason()}")
     slices = _partition_slices(records) if how != "handle" else []
     started = time.perf_counter()
     if how == "handle":
@@ -278,9 +278,10 @@ def ingest_bench(**params: Any) -> dict:
         modes = modes[:1]  # one topic to consume from; no processor runs on it
     topics = {m: (f"bench-ingest-{tag}-{m}", f"bench-ingest-dlq-{tag}-{m}", f"bench-ingest-snap-{tag}-{m}")
               for m in modes}
-    asyncio.run(_create_topics(bootstrap, [spec for t, dlq, snaps in topics.values()
-                                           for spec in ((t, args.partitions, {}), (dlq, 1, {}),
-                                                        (snaps, args.partitions, {"cleanup.policy": "compact"}))]))
+    specs: list[tuple[str, int, dict[str, str]]] = []
+    for t, dlq, snaps in topics.values():
+        specs += [(t, args.partitions, {}), (dlq, 1, {}), (snaps, args.partitions, {"cleanup.policy": "compact"})]
+    asyncio.run(_create_topics(bootstrap, specs))
     tmp = Path(tempfile.mkdtemp(prefix="kvpipe-bench-ingest-"))
     results: dict[str, dict] = {}
     try:

@@ -14,9 +14,9 @@ from typing import Any, Callable
 
 import msgspec
 
-from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.codec import PRODUCE_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
-from kvpipe.schemas.events import BlockRemoved, BlockStored
+from kvpipe.schemas.events import BlockRemoved, BlockStored, Event
 
 SPECS = [GroupSpec(group_idx=0, kind="full_attention", block_size=16),
          GroupSpec(group_idx=1, kind="sliding_window", block_size=16, sliding_window=128)]
@@ -65,8 +65,8 @@ class EnvelopeSource:
 def probe_envelope(node: str, seq: int, block_hash: int) -> bytes:
     """One envelope storing one new block: what a probe publishes and then looks for in /route."""
     ts = time.time()
-    events = [BlockStored(block_hashes=[block_hash], parent_block_hash=None, token_ids=[], block_size=16, lora_id=None,
-                          medium="GPU", lora_name=None, group_idx=0)]
+    events: list[Event] = [BlockStored(block_hashes=[block_hash], parent_block_hash=None, token_ids=[], block_size=16,
+                                       lora_id=None, medium="GPU", lora_name=None, group_idx=0)]
     env = Envelope(v=SCHEMA_MAJOR, node_id=node, epoch=1, seq=seq, ts=ts, sent_ts=ts, num_events=1,
                    batch=msgspec.Raw(encode_vllm_batch(events, ts)))
     return encode_envelope(env)
@@ -88,7 +88,7 @@ class Probes:
         value = probe_envelope(self.node, self.seq, h)
         self.seq += 1
         started = time.perf_counter()
-        self.producer.produce(self.topic, value=value, key=self.node.encode(), headers=KAFKA_HEADERS)
+        self.producer.produce(self.topic, value=value, key=self.node.encode(), headers=PRODUCE_HEADERS)
         self.producer.flush(30)
         while not self.routable(h):
             time.sleep(poll_pause_s)
@@ -111,7 +111,7 @@ def publish_paced(kafka_conf: dict, topic: str, messages: list[tuple[bytes, byte
         delay = started + k / rate_msgs - time.perf_counter()
         if delay > 0.001:
             time.sleep(delay)
-        producer.produce(topic, value=value, key=key, headers=KAFKA_HEADERS)
+        producer.produce(topic, value=value, key=key, headers=PRODUCE_HEADERS)
         if not k % 512:
             producer.poll(0)
     producer.flush(60)

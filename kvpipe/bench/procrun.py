@@ -65,6 +65,13 @@ class ProcessorProcess:
             time.sleep(0.2)
         raise TimeoutError(f"kvpipe {self.command} did not answer on {self.url} within {timeout} s; log:\n{self.log_tail()}")
 
+    @property
+    def popen(self) -> subprocess.Popen:
+        """The process `start` launched (RuntimeError before it did)."""
+        if self.proc is None:
+            raise RuntimeError(f"kvpipe {self.command} ({self.url}) was not started")
+        return self.proc
+
     def log_tail(self, n: int = 4000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-n:]

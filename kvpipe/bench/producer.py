@@ -24,23 +24,23 @@ import msgspec
 from kvpipe.producer.config import kafka_config
 from kvpipe.producer.publisher import Publisher
 from kvpipe.producer.sequencer import Sequencer
-from kvpipe.schemas.codec import KAFKA_HEADERS, encode_vllm_batch
-from kvpipe.schemas.events import BlockStored
+from kvpipe.schemas.codec import PRODUCE_HEADERS, encode_vllm_batch
+from kvpipe.schemas.events import BlockStored, Event
 from kvpipe.schemas.cliopts import Command, run as run_command
 from kvpipe.schemas.settings import Settings, load_settings
 
 NODE = "bench-node"
 
 
-def make_steps(num_events: int, batch_min: int, batch_max: int, seed: int = 0) -> list[list[BlockStored]]:
+def make_steps(num_events: int, batch_min: int, batch_max: int, seed: int = 0) -> list[list[Event]]:
     """Steps of BlockStored events shaped like vLLM's: mostly one newly full 16-token block per
     running request (decode), sometimes a prefill's run of blocks, two KV cache groups."""
     rng = random.Random(seed)
-    steps: list[list[BlockStored]] = []
+    steps: list[list[Event]] = []
     left = num_events
     while left > 0:
         size = min(left, rng.randint(batch_min, batch_max))
-        step = []
+        step: list[Event] = []
         for _ in range(size):
             blocks = rng.choice((1, 1, 1, 2, 4, 8))
             group = rng.randint(0, 1)
@@ -87,7 +87,7 @@ def run_raw(settings: Settings, topic: str, messages: list[bytes], num_events: i
     for i, data in enumerate(messages):
         while True:
             try:
-                producer.produce(topic, data, key, headers=KAFKA_HEADERS)
+                producer.produce(topic, data, key, headers=PRODUCE_HEADERS)
                 break
             except BufferError:
                 producer.poll(0.01)
@@ -101,7 +101,7 @@ def run_raw(settings: Settings, topic: str, messages: list[bytes], num_events: i
     return num_events / elapsed, cpu
 
 
-def run_publisher(settings: Settings, topic: str, steps: list[list[BlockStored]], num_events: int,
+def run_publisher(settings: Settings, topic: str, steps: list[list[Event]], num_events: int,
                   payloads: list[bytes] | None = None) -> tuple[float, float, list[int]]:
     """The Publisher from event structs (or, given `payloads`, from pre-encoded vLLM batches via
     publish_raw); events/s to delivery, CPU seconds, per-event publish cost (ns)."""
@@ -131,7 +131,7 @@ def run_publisher(settings: Settings, topic: str, steps: list[list[BlockStored]]
     return num_events / elapsed, cpu, costs
 
 
-def _pre_encode(steps: list[list[BlockStored]], now: float) -> tuple[list[bytes], list[bytes]]:
+def _pre_encode(steps: list[list[Event]], now: float) -> tuple[list[bytes], list[bytes]]:
     """(vLLM batch payloads, envelopes around them) as the Publisher would produce them."""
     sequencer = Sequencer(NODE, int(time.time() * 1000))
     encoder = msgspec.msgpack.Encoder()

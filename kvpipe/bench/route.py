@@ -26,7 +26,7 @@ import msgspec
 
 from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
 from kvpipe.gpu.hit import ViewCache, sliding_blocks_needed
-from kvpipe.processors.core import slots
+from kvpipe.processors.core import native, slots
 from kvpipe.processors.core.index import Index
 from kvpipe.bench import snapshot as snapshot_bench
 from kvpipe.bench.route_dynamo import MISSING as DYNAMO_MISSING
@@ -37,10 +37,9 @@ from kvpipe.processors.router.cohort import cohort_hits
 from kvpipe.processors.router.decide import route, token_cohorts
 from kvpipe.processors.router.hashing import PromptHasher
 from kvpipe.processors.router.plan import plan
-from kvpipe.processors.router.hits import HitSearch, native_available
+from kvpipe.processors.router.hits import HitSearch
 from kvpipe.processors.router.model import RouteAnswer, RouteRequest
 from kvpipe.processors.router.native import NativeRoute
-from kvpipe.processors.router.native import available as native_route_available
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec, HashConfig
 from kvpipe.schemas.events import BlockStored
 
@@ -119,7 +118,7 @@ def stores(envelopes: list[tuple[Envelope, list[BlockStored]]], snapshots: bool 
     each store's snapshot export and import timed per path (`kvpipe.bench.snapshot`)."""
     events = sum(len(ev.block_hashes) for _, evs in envelopes for ev in evs)
     out: dict[str, Any] = {"block_events": events}
-    for kind in [k for k in slots.STORES if k == "python" or slots.native_available()]:
+    for kind in [k for k in slots.STORES if k == "python" or native.engine() == "native"]:
         gc.collect()
         tracemalloc.start()
         t = time.perf_counter()
@@ -129,7 +128,7 @@ def stores(envelopes: list[tuple[Envelope, list[BlockStored]]], snapshots: bool 
         tracemalloc.stop()
         entries = index.store.entries()
         own = index.store.memory_bytes()
-        row = {"entries": entries, "apply_block_events_per_s": round(events / seconds),
+        row: dict[str, Any] = {"entries": entries, "apply_block_events_per_s": round(events / seconds),
                "python_traced_bytes_per_entry": round(traced / max(entries, 1), 1)}
         if own is not None:
             row["native_bytes_per_entry"] = round(own / max(entries, 1), 1)
@@ -181,7 +180,7 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     index = index_of(envelopes)
     build_s = time.perf_counter() - t0
     store_cmp = stores(envelopes, snapshots) if compare_stores else None
-    engines = ["native", "python"] if native_available() else ["python"]
+    engines = ["native", "python"] if native.engine() == "native" else ["python"]
     searches = {e: HitSearch(e) for e in engines}  # type: ignore[arg-type]
     timed: dict[str, dict[str, list[float]]] = {e: {"hashing": [], "search": [], "total": []} for e in engines}
     radix = load_dynamo() if dynamo else None
@@ -195,7 +194,7 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     hits = []
     # the native route decision (native/src/decide.rs): the route server's whole answer from the request's
     # bytes (JSON read, hashing, search, ranking, JSON written), checked equal to the Python path's
-    path = NativeRoute(index, searches["native"], None) if "native" in searches and native_route_available() else None
+    path = NativeRoute(index, searches["native"], None) if "native" in searches else None
     if path is not None:
         path.refresh(None)
     native_times: dict[str, list[float]] = {"decision": [], "full": [], "decision_search": []}
@@ -245,22 +244,24 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
             fa = [external_hash(h, CONFIGS[0].int_hashes)
                   for h in hash_request_blocks(fa_hasher, tokens, CONFIGS[0].hash_block_size)]
             took, scores = find_dynamo(tree, fa)
+            # the request's wire form of the same hashes (ints here; bytes would travel as "0x…" text)
+            fa_wire: list[int | str] = [h if isinstance(h, int) else "0x" + h.hex() for h in fa]
             dyn.append(took)
             # the same question on our index: each node's longest full-attention prefix on any medium
             # (timed as a route shows it, then checked with every node listed)
             t = time.perf_counter()
-            route(index, RouteRequest(block_hashes={0: fa}, semantics="prefix-per-group"), now=1.0)
+            route(index, RouteRequest(block_hashes={0: fa_wire}, semantics="prefix-per-group"), now=1.0)
             prefix_route.append(time.perf_counter() - t)
-            prefix = route(index, RouteRequest(block_hashes={0: fa}, semantics="prefix-per-group", include_zero=True),
+            prefix = route(index, RouteRequest(block_hashes={0: fa_wire}, semantics="prefix-per-group", include_zero=True),
                            now=1.0)
-            ours = {int(row.node_id.rsplit("-", 1)[1]): row.groups[0].prefix_blocks["any"]  # type: ignore[index]
+            ours = {int(row.node_id.rsplit("-", 1)[1]): row.groups[0].prefix_blocks["any"]
                     for row in prefix.nodes if row.groups and row.groups[0].prefix_blocks}
             theirs = {(k[0] if isinstance(k, tuple) else k): v for k, v in dict(scores).items()}
             if {k: v for k, v in ours.items() if v} != {k: v for k, v in theirs.items() if v}:
                 raise RuntimeError(f"request {r}: Dynamo's node → depth answer differs from our index's prefixes")
             dynamo_checked += 1
     main = timed[engines[0]]
-    out = {
+    out: dict[str, Any] = {
         "nodes": nodes, "requests": requests, "documents": documents, "prompt_tokens": prompt_tokens,
         "per_node": per_node, "hash_configs": configs, "seed": seed,
         "groups": [f"{g.kind}/{g.block_size}" + (f"/{g.sliding_window}" if g.sliding_window else "")

@@ -21,7 +21,7 @@ MISSING = ("ai-dynamo-runtime not installed (bench extra: pip install 'kvpipe[be
 
 def load() -> Any | None:
     try:
-        from dynamo._core import RadixTree  # type: ignore[import-not-found]
+        from dynamo._core import RadixTree
     except ImportError:
         return None
     return RadixTree

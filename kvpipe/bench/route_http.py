@@ -25,7 +25,7 @@ import msgspec
 from kvpipe.bench import route as bench
 from kvpipe.processors.router.model import RouteRequest
 from kvpipe.schemas.cliopts import Command, run as run_command
-from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.codec import PRODUCE_HEADERS, encode_envelope, encode_vllm_batch
 
 
 def _publish(bootstrap: str, topic: str, partitions: int, envelopes: list, security: dict) -> dict[int, int]:
@@ -48,7 +48,7 @@ def _publish(bootstrap: str, topic: str, partitions: int, envelopes: list, secur
     for env, events in envelopes:
         env = msgspec.structs.replace(env, ts=now, sent_ts=now, num_events=len(events),
                                       batch=msgspec.Raw(encode_vllm_batch(events, now)))
-        producer.produce(topic, key=env.node_id.encode(), value=encode_envelope(env), headers=KAFKA_HEADERS,
+        producer.produce(topic, key=env.node_id.encode(), value=encode_envelope(env), headers=PRODUCE_HEADERS,
                          on_delivery=delivered)
         producer.poll(0)
     if producer.flush(60):

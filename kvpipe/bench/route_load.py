@@ -50,9 +50,9 @@ import msgspec
 from kvpipe.bench import route as bench
 from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
 from kvpipe.schemas.cliopts import Command, run as run_command
-from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
+from kvpipe.schemas.codec import PRODUCE_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
-from kvpipe.schemas.events import BlockStored
+from kvpipe.schemas.events import BlockStored, Event
 
 DEFAULT_CONNECTIONS = (1, 8, 32, 128)
 VALUE_CONNECTIONS = 32  # `value` is the rate at this count without ingest
@@ -370,13 +370,15 @@ class ProbeSeries:
         self.current: Any = None
 
     def _routable(self) -> Callable[[int], bool]:
-        state = {"hash": None, "deadline": 0.0}
+        probe: int | None = None  # the block waited for, and until when
+        deadline = 0.0
 
         def routable(block_hash: int) -> bool:
+            nonlocal probe, deadline
             now = time.monotonic()
-            if block_hash != state["hash"]:
-                state["hash"], state["deadline"] = block_hash, now + PROBE_TIMEOUT_S
-            elif now > state["deadline"]:
+            if block_hash != probe:
+                probe, deadline = block_hash, now + PROBE_TIMEOUT_S
+            elif now > deadline:
                 raise TimeoutError(f"probe block {block_hash} of {self.node} not routable after {PROBE_TIMEOUT_S} s")
             return bool(self.proc.route({"0": [block_hash]})["nodes"])
 
@@ -418,6 +420,8 @@ class TokenProbes:
         self.producer = Producer({**kafka_conf, "linger.ms": 0, "acks": "all"})
         self.topic, self.node, self.seq = topic, node, 0
         parts = urlsplit(url)
+        if parts.hostname is None:
+            raise ValueError(f"route URL {url!r}: expected http://host:port/route")
         self.path, self.headers = parts.path, {"Content-Type": "application/json", **headers}
         self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=PROBE_TIMEOUT_S)
         self.hasher = hasher_from_config(self.CONFIG)
@@ -428,8 +432,8 @@ class TokenProbes:
         (digest,) = hash_request_blocks(self.hasher, tokens, 16)
         h = external_hash(digest, self.CONFIG.int_hashes)
         ts = time.time()
-        events = [BlockStored(block_hashes=[h], parent_block_hash=None, token_ids=[], block_size=16, lora_id=None,
-                              medium="GPU", lora_name=None, group_idx=0)]
+        events: list[Event] = [BlockStored(block_hashes=[h], parent_block_hash=None, token_ids=[], block_size=16,
+                                           lora_id=None, medium="GPU", lora_name=None, group_idx=0)]
         env = Envelope(v=SCHEMA_MAJOR, node_id=self.node, epoch=1, seq=self.seq, ts=ts, sent_ts=ts, num_events=1,
                        group_specs=self.SPECS, hash_config=self.CONFIG,
                        batch=msgspec.Raw(encode_vllm_batch(events, ts)))
@@ -437,7 +441,7 @@ class TokenProbes:
         body = msgspec.json.encode({"token_ids": [*tokens, 1], "top_k": 1})
         deadline = time.monotonic() + PROBE_TIMEOUT_S
         started = time.perf_counter()
-        self.producer.produce(self.topic, value=encode_envelope(env), key=self.node.encode(), headers=KAFKA_HEADERS)
+        self.producer.produce(self.topic, value=encode_envelope(env), key=self.node.encode(), headers=PRODUCE_HEADERS)
         self.producer.flush(30)
         while True:
             self.conn.request("POST", self.path, body=body, headers=self.headers)
@@ -779,7 +783,7 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
                                         "KVPIPE_STATE_DIR": str(tmp / f"state-r{r}")}, tmp / f"processor-r{r}.log")
             replicas.append(replica)
             replica.start()
-        affinity = _pin(proc.proc.pid, args.cpus) if args.cpus else _affinity(proc.proc.pid)
+        affinity = _pin(proc.popen.pid, args.cpus) if args.cpus else _affinity(proc.popen.pid)
         for p in [proc, *replicas]:
             p.wait_offsets(_watermarks(kafka_conf, topic, args.partitions), timeout=600)
         load_s = time.perf_counter() - t_load

@@ -11,15 +11,16 @@ import gc
 import time
 from typing import Any
 
+from kvpipe.processors.core import native as native_core
 from kvpipe.processors.core.index import Index
-from kvpipe.processors.core.snapshot import decode_chunk, export_partition, import_chunks, native_snapshots_available
+from kvpipe.processors.core.snapshot import decode_chunk, export_partition, import_chunks
 
 
 def times(index: Index, partition: int = 0) -> dict[str, Any]:
     """Per path: export (index → chunk bytes), decode (bytes → chunk records) and load (records →
     a fresh index) in seconds, with the chunks' count and size."""
     kind = index.store.kind
-    paths = ["native", "python"] if kind == "native" and native_snapshots_available() else ["python"]
+    paths = ["native", "python"] if kind == "native" and native_core.engine() == "native" else ["python"]
     out: dict[str, Any] = {"entries": index.store.entries()}
     written: dict[str, list[bytes]] = {}
     for path in paths:

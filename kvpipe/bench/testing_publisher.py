@@ -256,10 +256,12 @@ class CacheSim:
             hashes = [self._hash() for _ in range(stores)]
             cached.extend(hashes)
             self.truth.update((g.group_idx, h) for h in hashes)
-            extra = {}
+            # drawn before the store's own fields, as always, so a seed gives the same events
+            locality = ownership = session_id = None
+            lookahead: list[list[int]] | None = None
             if self.full_fields:
-                extra = dict(locality="LOCAL", ownership="kvcr", session_id=f"s{self.rng.randrange(9)}",
-                             lookahead_token_ids=[[self.rng.randrange(50_000)] for _ in hashes])
+                locality, ownership, session_id = "LOCAL", "kvcr", f"s{self.rng.randrange(9)}"
+                lookahead = [[self.rng.randrange(50_000)] for _ in hashes]
             events.append(BlockStored(
                 block_hashes=hashes,
                 parent_block_hash=self._hash() if self.rng.random() < 0.5 else None,
@@ -267,7 +269,7 @@ class CacheSim:
                 block_size=g.block_size, lora_id=None, medium=MEDIUM_GPU, lora_name=None,
                 extra_keys=[None] * stores, group_idx=g.group_idx, kv_cache_spec_kind=g.kind,
                 kv_cache_spec_sliding_window=g.sliding_window if g.kind == KIND_SLIDING else None,
-                **extra,
+                locality=locality, ownership=ownership, session_id=session_id, lookahead_token_ids=lookahead,
             ))
         return events
 

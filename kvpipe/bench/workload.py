@@ -35,8 +35,8 @@ KINDS = {g.group_idx: (g.kind, g.block_size) for g in SPECS}
 class _Node:
     def __init__(self, name: str, gpu_blocks: int, cpu_blocks: int) -> None:
         self.name, self.epoch, self.seq = name, 1, 0
-        self.gpu = {g.group_idx: OrderedDict() for g in SPECS}  # hash → None, LRU first
-        self.cpu: OrderedDict = OrderedDict()
+        self.gpu: dict[int, OrderedDict[int, None]] = {g.group_idx: OrderedDict() for g in SPECS}  # LRU first
+        self.cpu: OrderedDict[int, None] = OrderedDict()
         self.gpu_blocks, self.cpu_blocks = gpu_blocks, cpu_blocks
 
 
@@ -62,7 +62,7 @@ def serving_steps(steps: int, nodes: int = 4, prompts: int = 400, blocks_per_pro
                 pool.clear()
         prompt = rng.choices(range(prompts), weights)[0]
         for group, pool in node.gpu.items():
-            fresh = []
+            fresh: list[bytes | int] = []
             for b in range(blocks_per_prompt if group == 0 else min(4, blocks_per_prompt)):
                 h = (prompt * 1000 + b) * 2 + group + 1
                 if h in pool:
@@ -107,6 +107,7 @@ def fill_store(sink, steps, batch_messages: int = 200) -> dict[str, int]:
         outcome, closed = index.apply(env, events, 0, offset)
         if outcome != APPLIED:
             continue
+        assert isinstance(closed, list)  # Index() keeps ended lifetimes as rows (not `lifetimes="columns"`)
         refine_reasons(env, closed)
         for lt in closed:
             lt.group_kind = KINDS.get(lt.group_idx, ("", 0))[0]

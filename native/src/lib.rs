@@ -187,8 +187,15 @@ fn sha256_token_chain<'py>(
     ))
 }
 
+/// The version of the surface this module gives Python (its classes, their methods, the functions,
+/// their arguments and answers). Bump it with any change to that surface, together with
+/// `API_VERSION` in `processors/core/native.py` and `native/kvpipe_native.pyi`: an extension built
+/// from other sources then reads as "not native" there, with the reason, instead of failing mid-run.
+pub const API_VERSION: u32 = 1;
+
 #[pymodule]
 fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("API_VERSION", API_VERSION)?;
     m.add_class::<HitEngine>()?;
     m.add_class::<IndexStore>()?;
     m.add_class::<Batch>()?;

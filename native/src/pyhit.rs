@@ -5,7 +5,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyList, PySet};
 
-use crate::hit::{find_hit, Held, Kind, Layout, SpecGroup};
+use crate::hit::{find_hit, rules, Held, Kind, Layout, SpecGroup};
 
 /// Spec models by layout id, registered once per layout, searched many times.
 #[pyclass(module = "kvpipe_native")]
@@ -25,10 +25,18 @@ impl HitEngine {
         Self::default()
     }
 
+    /// The hit rules this engine implements, `{name: code}` (native/src/hit_rules.toml, the one
+    /// definition): `add_layout` takes the codes, Python names the rules (`gpu/kinds.py`).
+    #[classattr]
+    #[pyo3(name = "RULES")]
+    fn rules() -> Vec<(&'static str, u8)> {
+        rules::RULES.to_vec()
+    }
+
     /// Register a layout: `groups` groups searched together; `spec_groups` in search order, each
-    /// `(kind, block_size, param, eagle, member positions)` with kind 0 full attention, 1 sliding
-    /// window (param: window), 2 Mamba in align mode, 3 chunked local (param: chunk size).
-    /// Returns its id.
+    /// `(rule, block_size, param, eagle, member positions)` with `rule` a code of `RULES` and
+    /// `param` its one number (sliding window: the window; chunked local: the chunk size; else
+    /// ignored). Returns its id.
     fn add_layout(
         &mut self,
         groups: usize,
@@ -41,18 +49,13 @@ impl HitEngine {
             )));
         }
         let mut sgs = Vec::with_capacity(spec_groups.len());
-        for (kind, block_size, param, eagle, members) in spec_groups {
-            let kind = match kind {
-                0 => Kind::Full,
-                1 => Kind::Sliding { window: param },
-                2 => Kind::Mamba,
-                3 => Kind::Chunked { chunk: param },
-                _ => {
-                    return Err(PyValueError::new_err(format!(
-                        "unknown spec group kind {kind}"
-                    )))
-                }
-            };
+        for (code, block_size, param, eagle, members) in spec_groups {
+            let kind = Kind::from_code(code, param).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "unknown hit rule code {code} (known: {:?})",
+                    rules::RULES
+                ))
+            })?;
             if block_size <= 0 || matches!(kind, Kind::Chunked { chunk } if chunk <= 0) {
                 return Err(PyValueError::new_err(
                     "block sizes and chunk sizes must be positive",

@@ -67,6 +67,15 @@ def analytics(web_port: int | None, state_dir: str | None, topic: str | None, an
     return 0
 
 
+def _needs_the_analytics_extra(*more: str) -> None:
+    """Import what the `analytics` extra brings before anything else, so a base install stops at once
+    with kvpipe's one-line hint (kvpipe/cli.py: EXTRA_FOR_MODULE) rather than somewhere on an error path."""
+    import importlib
+
+    for name in ("clickhouse_connect", "sqlglot", *more):
+        importlib.import_module(name)
+
+
 def _safe_dsn(dsn: str) -> str:
     """The DSN without its password or token parameters (error messages never carry secrets)."""
     from kvpipe.processors.analytics.query import redact_dsn
@@ -116,6 +125,7 @@ def _analytics_url(url: str | None) -> str:
 def sql(ctx: click.Context, statement: str | None, query_text: str | None, saved: str | None,
         param_items: tuple[str, ...], list_saved: bool, fmt: str | None, output: str | None, as_json: bool,
         url: str | None) -> int:
+    _needs_the_analytics_extra()
     from kvpipe.processors.analytics.saved import list_queries, load_query
 
     if list_saved:
@@ -259,6 +269,7 @@ def _run_remote(prog: str, url: str | None, work):
 @json_option(help="print the curves and the method as JSON")
 @click.option("--url", help="analytics app base URL (embedded mode)")
 def plan(node: str, group_kind: str, extra: str, as_json: bool, url: str | None) -> int:
+    _needs_the_analytics_extra()
     from kvpipe.processors.analytics.plan import curves, render
 
     params = {"node": node, "group_kind": group_kind, "extra": extra}
@@ -275,6 +286,7 @@ def plan(node: str, group_kind: str, extra: str, as_json: bool, url: str | None)
 @click.option("--out", default="report.html", help="output file (default: report.html)")
 @click.option("--url", help="analytics app base URL (embedded mode)")
 def report(out: str, url: str | None) -> int:
+    _needs_the_analytics_extra("matplotlib", "jinja2")
     from kvpipe.processors.analytics.report import build_report
 
     path = _run_remote("kvpipe report", url, lambda target: build_report(target, out))

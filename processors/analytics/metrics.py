@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Info, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from kvpipe.processors.core import native
 
 TABLES = ("kv_events", "kv_block_lifetimes")
 
@@ -65,5 +67,9 @@ class AnalyticsCollector:
 def render(stats: Callable[[], dict[str, Any]]) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=registry)  # process_* (the same on every kvpipe app)
+    # the native core or the Python engine (the reference) runs this app's index, and why not native
+    status = native.status()
+    Info("kvpipe_analytics_engine", "the engine the index runs on (native: the native core; python: the reference) "
+         "and why not native", registry=registry).info({"engine": status.engine, "reason": status.reason})
     registry.register(AnalyticsCollector(stats))
     return generate_latest(registry)

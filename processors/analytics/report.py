@@ -8,20 +8,18 @@ so it opens offline and a browser issues no request), and writes `out` (a file p
 """
 from __future__ import annotations
 
-import html
 import io
 import math
-import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from kvpipe.processors.analytics.report_page import render_page
 from kvpipe.processors.analytics.restores import CAPACITY_METHOD
 from kvpipe.processors.analytics.saved import list_queries, run_query, run_sql
 from kvpipe.processors.analytics.tables import BY_NAME, store_summary_sql
 
 MAX_TABLE_ROWS = 40
-_METADATA = re.compile(r"<metadata>.*?</metadata>", re.DOTALL)
 
 
 def _records(result: dict) -> list[dict]:
@@ -45,11 +43,11 @@ def _figure(rows: int = 1):
 def _svg(plt, fig) -> str:
     buf = io.StringIO()
     fig.tight_layout()
-    fig.savefig(buf, format="svg")
+    # no RDF metadata block (namespace addresses, creator, date): the page stays the same for the same data
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
     plt.close(fig)
     text = buf.getvalue()
-    text = text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE (a DTD address)
-    return _METADATA.sub("", text)  # and the RDF metadata block (namespace addresses, creator, date)
+    return text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE (a DTD address)
 
 
 # A line with this many points or fewer gets a marker on each, so one or two points still show.
@@ -235,28 +233,18 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def _table(result: dict) -> str:
-    if not result["rows"]:
-        return "<p><em>no rows</em></p>"
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in result["columns"])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
-                   for row in result["rows"][:MAX_TABLE_ROWS])
-    more = len(result["rows"]) - MAX_TABLE_ROWS
-    note = f"<p><em>{more} more rows: run the saved query for all</em></p>" if more > 0 else ""
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
+def _table(result: dict) -> dict[str, Any]:
+    """A result as the page's table: cells as text, at most MAX_TABLE_ROWS rows and how many more."""
+    rows = result["rows"]
+    return {"columns": result["columns"], "rows": [[_cell(v) for v in row] for row in rows[:MAX_TABLE_ROWS]],
+            "more": len(rows) - MAX_TABLE_ROWS}
 
 
-def _store_summary(target: Any) -> str:
+def _store_summary(target: Any) -> dict[str, Any]:
     """What the store holds: one row per analytics table (`tables.TABLES`), counted exactly once."""
     result = run_sql(target, store_summary_sql())
     rows = [[name, BY_NAME[name].holds if name in BY_NAME else "", count] for name, count in result["rows"]]
-    return ("<section id='store'><h2>What the store holds</h2>"
-            + _table({"columns": ["table", "holds", "rows"], "rows": rows}) + "</section>")
-
-
-STYLE = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222}
-table{border-collapse:collapse;font-size:12px;margin:.5em 0 2em}td,th{border:1px solid #ccc;padding:2px 6px}
-th{background:#f3f3f3}figure{margin:0}svg{max-width:100%;height:auto}.means{color:#444}.method{font-size:13px}"""
+    return _table({"columns": ["table", "holds", "rows"], "rows": rows})
 
 
 def build_report(target: Any, out: str | Path) -> Path:
@@ -266,28 +254,22 @@ def build_report(target: Any, out: str | Path) -> Path:
         path = path / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    parts = [f"<h1>kvpipe KV-cache capacity report</h1><p>Generated {now} from the saved queries "
-             "(<code>kvpipe sql --saved NAME</code>; counts are exactly-once, read through the FINAL views).</p>",
-             _store_summary(target)]
     queries = list_queries()
     order = [q for q in queries if q.name in PLOTS] + [q for q in queries if q.name not in PLOTS]
     span = data_span(target)
     bucket_s = bucket_for(span[1] - span[0]) if span else 60
+    sections = []
     for query in order:
         bucketed = any(p.name == "bucket_s" for p in query.params)
         result = run_query(target, query.name, {"bucket_s": str(bucket_s)} if bucketed else None)
-        parts.append(f"<section id='{query.name}'><h2>{html.escape(query.title)}</h2>")
-        if query.name in PLOTS:
-            draw, means = PLOTS[query.name]
-            parts.append(f"<p class='means'>{html.escape(means)}</p>")
-            data = (f" data-bucket-s='{bucket_s}' data-span='{span[0]:.3f} {span[1]:.3f}'"
-                    if bucketed and span else "")
-            parts.append(f"<figure class='plot' data-query='{query.name}'{data}>"
-                         f"{draw(_records(result), bucket_s)}</figure>")
-        if query.name == "capacity_curve":
-            parts.append(f"<p class='method'>{html.escape(CAPACITY_METHOD)}</p>")
-        parts.append(f"<p>Saved query <code>{query.name}</code>.</p>{_table(result)}</section>")
-    page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>kvpipe capacity report</title>"
-            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
+        draw, means = PLOTS.get(query.name, (None, ""))
+        sections.append({
+            "name": query.name, "title": query.title, "means": means,
+            "plot": draw(_records(result), bucket_s) if draw else None,
+            "bucket_s": bucket_s if bucketed and span else None,
+            "span": f"{span[0]:.3f} {span[1]:.3f}" if span else "",
+            "method": CAPACITY_METHOD if query.name == "capacity_curve" else "",
+            "table": _table(result)})
+    page = render_page(now, _store_summary(target), sections)
     path.write_text(page)
     return path

@@ -96,10 +96,10 @@ def build_slots(columns: dict[str, list], max_keys: int) -> dict[int, dict[SlotK
         if ended_at[i] > stored_at[i]:  # its last lifetime ended after its last store
             entry[1][h] = (removed_us[i] / 1_000_000, reason[i])
     out: dict[int, dict[SlotKey, Slot]] = {}
-    for (p, key), (keys, ended) in per_slot.items():
+    for (p, slot_key), (keys, ended) in per_slot.items():
         slot = Slot(max_keys, p, StackDistance.from_order(keys, max_keys))
         slot.ended = ended
-        out.setdefault(p, {})[key] = slot
+        out.setdefault(p, {})[slot_key] = slot
     return out
 
 

@@ -176,7 +176,8 @@ class RestoreTracker:
         if slot.held:
             slot.held -= 1
 
-    def observe(self, env: Envelope, events: list[Event], lifetimes: list[LifetimeRow], partition: int, offset: int,
+    def observe(self, env: Envelope, events: list[Event], lifetimes: list[LifetimeRow] | LifetimeColumns,
+                partition: int, offset: int,
                 kinds: Mapping[int, tuple[str, int]]) -> list[RestoreRow]:
         """The re-stores of one applied message (`kinds`: group → (spec kind, block size)).
 

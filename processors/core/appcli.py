@@ -1,6 +1,7 @@
 """What starting either Faust app (`kvpipe processor`, `kvpipe analytics`) shares: the command's flags
 become `KVPIPE_*` variables (each app reads its settings once, at import, from the environment),
-the settings load, and the exposure rule is checked (kvpipe.processors.core.webauth) before any worker starts."""
+the settings load, and the exposure rule (kvpipe.processors.core.webauth) and `require_native`
+(kvpipe.processors.core.native) are checked before any worker starts."""
 from __future__ import annotations
 
 import os
@@ -26,5 +27,12 @@ def worker_settings(prog: str, flags: Mapping[str, object], insecure: bool) -> S
         check_exposure(settings, insecure)
     except ExposureError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+    from kvpipe.processors.core import native
+
+    try:  # refused here, before any worker starts; the app logs its engine line itself (its `state`)
+        native.check_start(prog, settings.require_native)
+    except native.NativeUnavailable as exc:
+        print(exc, file=sys.stderr)
         return None
     return settings

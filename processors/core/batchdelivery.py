@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 from time import monotonic
-from typing import Any, Awaitable, Callable, Sequence, cast
+from typing import Any, Awaitable, Callable, Mapping, Sequence, cast
 
 import faust
 from faust.transport.consumer import CONSUMER_FETCHING
@@ -133,7 +133,7 @@ class BatchDrainConsumer(fastpath.FastDrainConsumer):
                     and app.consumer_generation_id == generation)
         return still_current
 
-    async def _deliver_fetch(self, records: dict, active: set | None) -> None:
+    async def _deliver_fetch(self, records: Mapping[Any, list], active: set | None) -> None:
         current = self._still_current(self.app.consumer_generation_id)
         handlers = self.batch_handlers
         buffered = self._buffered_partitions

@@ -327,7 +327,7 @@ def _newest_complete(records: dict[bytes, tuple[int, bytes | None]], partition: 
             continue
         if p != partition or value is None:
             continue
-        if gen is None:
+        if gen is None or idx is None:  # a manifest key (`parse_key` gives both or neither)
             manifest_value = value
         else:
             by_key[(gen, idx)] = value

@@ -80,7 +80,8 @@ async def read_body(request: Any, max_bytes: int, timeout_s: float) -> bytes:
 
 
 async def _read_capped(request: Any, max_bytes: int) -> bytes:
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         chunk = await request.content.read(64 * 1024)
         if not chunk:

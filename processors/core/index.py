@@ -48,7 +48,8 @@ from typing import Any, Callable, Iterable, Literal
 from kvpipe.gpu.layout import layout_problem
 from kvpipe.processors.core.lifetimes import LifetimeColumns
 from kvpipe.processors.core.lifetimes import REASON_CLEARED, REASON_EVICTED, REASON_NODE_EXPIRED, LifetimeRow
-from kvpipe.processors.core.slots import Slot, StoreKind, batch_event, make_store
+from kvpipe.processors.core import native
+from kvpipe.processors.core.slots import NativeStore, Slot, StoreKind, batch_event, make_store
 from kvpipe.schemas.envelope import Envelope, GroupSpec, HashConfig
 from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 
@@ -66,6 +67,8 @@ LifetimesMode = Literal["rows", "columns", "count"]
 # a `LifetimeColumns` (the analytics app: extended per store answer, no object per lifetime), or an
 # empty list with `ended` counting them (the routing app). True and False stand for "rows" and "count".
 Closed = list[LifetimeRow] | LifetimeColumns
+_MODES: dict[object, LifetimesMode] = {True: "rows", False: "count", "rows": "rows", "columns": "columns",
+                                       "count": "count"}
 
 
 class NodeState:
@@ -139,8 +142,8 @@ class Index:
         self.store = make_store(store)  # the blocks and the inverted view (`kvpipe.processors.core.slots`)
         # how ended entries come back (`LifetimesMode`); the routing app only counts them (`ended`),
         # which spares an object per evicted block
-        mode = {True: "rows", False: "count"}.get(lifetimes, lifetimes)  # type: ignore[call-overload]
-        if mode not in ("rows", "columns", "count"):
+        mode = _MODES.get(lifetimes)
+        if mode is None:
             raise ValueError(f"Index(lifetimes=...) must be 'rows', 'columns', 'count' or a bool, got {lifetimes!r}")
         self.lifetimes_mode: LifetimesMode = mode
         self.lifetimes = mode != "count"  # whether ended entries are reported at all
@@ -153,6 +156,9 @@ class Index:
         # Told the new generation whenever it moves (the native route path stops answering until its plan is
         # re-exported: processors/router/native.py).
         self.on_move: Callable[[int], None] | None = None
+        # The router's plan of this index (`kvpipe.processors.router.plan`), kept with it and checked against
+        # `generation` there; opaque here.
+        self.route_plan: object = None
         self.counters: dict[str, int] = dict.fromkeys(INDEX_COUNTERS, 0)
 
     # -- ingest ------------------------------------------------------------------------------------
@@ -249,20 +255,21 @@ class Index:
         self._apply_events(node, events, env.ts, partition, offset, closed)
         return APPLIED, closed
 
-    def _apply_events(self, node: NodeState, events: list[Event], ts: float, partition: int, offset: int,
-                      closed: Closed) -> None:
+    def _apply_events(self, node: NodeState, events: list[Event] | native.Batch, ts: float, partition: int,
+                      offset: int, closed: Closed) -> None:
         stored = removed = unknown = 0
         # The native store applies runs of stores and removes into existing slots in one call (from
         # event objects, or from a batch it read itself: `slots.parse_batch`); the event it stops at
         # (a clear, a new slot, anything unusual) takes the per-event path below.
-        native = self.store.kind == "native"
-        if events.__class__ is list:
-            run = self._apply_run if native else None
+        on_native = self.store.kind == "native"
+        run = self._apply_run if on_native else None
+        at: Callable[[int], Event]
+        if isinstance(events, list):
             at = events.__getitem__
         else:  # a native batch: only the native store reads it
-            if not native:
+            if not on_native:
                 raise TypeError("a native event batch needs the native store")
-            run, at = self._apply_batch_run, partial(batch_event, events)
+            at = partial(batch_event, events)
         i, n = 0, len(events)
         while i < n:
             if run is not None:
@@ -294,8 +301,7 @@ class Index:
                    closed: Closed) -> tuple[int, int, int]:
         """One event; returns (stored, removed, unknown)."""
         slots = node.slots
-        cls = ev.__class__
-        if cls is AllBlocksCleared:
+        if isinstance(ev, AllBlocksCleared):
             self._close_slots(node, [s for s in slots.values() if s.medium == GPU], REASON_CLEARED, ts, offset, idx, closed)
             node.counters["clears"] += 1
             self.counters["clears"] += 1
@@ -308,14 +314,14 @@ class Index:
                 self._refuse_slot(node, group, medium, ev)
                 return 0, 0, 0
             slot = slots[(group, medium)] = self.store.new_slot(node, group, medium)
-        if cls is BlockStored:
+        if ev.__class__ is BlockStored:
             kept, refused = self.store.store(slot, ev.block_hashes, ts, self.max_blocks_per_slot)
             if refused:
                 self._capped(node, slot, refused, self.max_blocks_per_slot)
             return kept, 0, 0
         n, missing, keys, times = self.store.remove(slot, ev.block_hashes)  # BlockRemoved
         self.ended += len(keys)
-        if self._columns:
+        if isinstance(closed, LifetimeColumns):  # `lifetimes="columns"`
             closed.add(node.node_id, node.epoch, group, medium, keys, times, ts, REASON_EVICTED, partition, offset, idx)
         elif self.lifetimes:
             node_id, epoch = node.node_id, node.epoch
@@ -323,30 +329,30 @@ class Index:
                                        offset, idx) for k, stored_ts in zip(keys, times)])
         return 0, n, missing
 
-    def _apply_run(self, node: NodeState, events: list[Event], start: int, ts: float, partition: int, offset: int,
-                   closed: Closed) -> tuple[int, int, int, int]:
-        """Events from `start` applied by the native store until one it leaves to `_apply_one`;
-        returns (where it stopped, stored, removed, unknown)."""
-        return self._ran(node, self.store.core.apply_events(
-            events, start, node.slots, ts, self.max_blocks_per_slot, BlockStored, BlockRemoved), ts, partition, offset,
-            closed)
-
-    def _apply_batch_run(self, node: NodeState, batch, start: int, ts: float, partition: int, offset: int,
-                         closed: Closed) -> tuple[int, int, int, int]:
-        """`_apply_run` on a batch the native side read from bytes."""
-        return self._ran(node, self.store.core.apply_batch(batch, start, node.slots, ts, self.max_blocks_per_slot),
-                         ts, partition, offset, closed)
-
-    def _ran(self, node: NodeState, answer: tuple, ts: float, partition: int, offset: int,
-             closed: Closed) -> tuple[int, int, int, int]:
-        """Counters, cap notes and lifetimes of one native run."""
+    def _apply_run(self, node: NodeState, events: list[Event] | native.Batch, start: int, ts: float, partition: int,
+                   offset: int, closed: Closed) -> tuple[int, int, int, int]:
+        """Events from `start` (event objects, or a batch the native side read from bytes) applied by the native
+        store until one it leaves to `_apply_one`; returns (where it stopped, stored, removed, unknown)."""
         store = self.store
+        assert isinstance(store, NativeStore)  # chosen by `_apply_events` on the native store only
+        cap = self.max_blocks_per_slot
+        if isinstance(events, list):
+            answer = store.core.apply_events(events, start, node.slots, ts, cap, BlockStored, BlockRemoved)
+        else:
+            answer = store.core.apply_batch(events, start, node.slots, ts, cap)
+        return self._ran(store, node, answer, ts, partition, offset, closed)
+
+    def _ran(self, store: NativeStore, node: NodeState, answer: native.Applied, ts: float, partition: int,
+             offset: int, closed: Closed) -> tuple[int, int, int, int]:
+        """Counters, cap notes and lifetimes of one native run."""
         stop, stored, removed, unknown, refused, keys, times, idxs, sids = answer
         by_sid = store.slot_by_id
         for sid, n in refused:
             self._capped(node, by_sid(sid), n, self.max_blocks_per_slot)
         self.ended += len(keys)
-        if keys and self._columns:
+        if not keys:
+            return stop, stored, removed, unknown
+        if isinstance(closed, LifetimeColumns):
             # per row its slot's group and medium: one lookup per distinct slot, then a C-level map
             n = len(sids)
             if sids.count(sids[0]) == n:
@@ -358,13 +364,14 @@ class Index:
                 media = list(map({sid: s.medium for sid, s in slots.items()}.__getitem__, sids))
             closed.add_run(node.node_id, node.epoch, groups, media, keys, times, ts, REASON_EVICTED, partition, offset,
                            idxs)
-        elif keys and self.lifetimes:
+        elif self.lifetimes:
             node_id, epoch = node.node_id, node.epoch
-            last, slot = -1, None
+            last, group, medium = -1, 0, GPU  # the slot of the previous row (slot ids are never negative)
             for k, stored_ts, idx, sid in zip(keys, times, idxs, sids):
                 if sid != last:
-                    last, slot = sid, by_sid(sid)
-                closed.append(LifetimeRow(node_id, epoch, slot.group, slot.medium, k, stored_ts, ts, REASON_EVICTED,
+                    slot = by_sid(sid)
+                    last, group, medium = sid, slot.group, slot.medium
+                closed.append(LifetimeRow(node_id, epoch, group, medium, k, stored_ts, ts, REASON_EVICTED,
                                           partition, offset, idx))
         return stop, stored, removed, unknown
 
@@ -420,7 +427,7 @@ class Index:
         for slot in list(slots):
             keys, times = self.store.close(slot)
             self.ended += len(keys)
-            if self._columns:
+            if isinstance(closed, LifetimeColumns):
                 closed.add(node.node_id, node.epoch, slot.group, slot.medium, keys, times, ts, reason, node.partition,
                            offset, idx)
             elif self.lifetimes:

@@ -28,7 +28,7 @@ import time
 from typing import Callable, Iterable, Mapping, Sequence
 
 
-from kvpipe.processors.core import ingestrun, slots
+from kvpipe.processors.core import ingestrun, native, slots
 from kvpipe.processors.core.index import APPLIED, REFUSED, Index
 from kvpipe.processors.core.outcomes import DLQ, SKIPPED, Batch, EventWatcher, KafkaRecord, Result
 from kvpipe.schemas.codec import INVALID, LAYOUT_MAP, DecodeError, check_headers, decode_envelope, envelope_events
@@ -66,12 +66,12 @@ class Ingest:
         # caller that needs no event objects (the routing app; the analytics app derives rows from
         # them); messages the native reader leaves, and nodes with in-flight guesses, take the
         # reference decoder
-        self.native_batches = native_batches and index.store.kind == "native" and slots.batch_reader_available()
+        self.native_batches = native_batches and index.store.kind == "native" and native.engine() == "native"
         # the router's speculative entries for blocks in flight: a real event replaces its guess
         self.inflight = inflight
         # `handle_batch` hands runs of common-case records to one native call each
         # (kvpipe.processors.core.ingestrun); False keeps the reference, one `handle` per record
-        self.native_runs = native_runs and self.native_batches and ingestrun.available()
+        self.native_runs = native_runs and self.native_batches
         self.max_bytes = max_bytes
         self.max_skew_s = max_skew_s
         self.counters: dict[str, int] = {"messages": 0, "dlq": 0, "skipped_replayed": 0, "offset_holes": 0,
@@ -159,6 +159,7 @@ class Ingest:
             outcome = result.outcome
             if outcome == APPLIED:
                 env = result.env
+                assert env is not None  # an applied message's result carries its envelope
                 add(env.sent_ts or env.ts)
             elif outcome == DLQ:
                 return Batch(i, published, refused, dlq=result)

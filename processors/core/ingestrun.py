@@ -18,7 +18,7 @@ the next run starts after it. Per node, the Python state (`NodeState`) is brough
 per run from the summary the native side returns, before any `handle` call reads it.
 
 The reference (`Ingest._handle_batch_each`, every record through `handle`) stays: it runs where
-the native run cannot (the dict store, the extension not built, `native_runs=False`), and
+the native run cannot (the dict store, the Python engine, `native_runs=False`), and
 tests/property/test_native_ingest_run.py holds the two equal.
 """
 from __future__ import annotations
@@ -26,8 +26,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from kvpipe.processors.core import slots
-from kvpipe.processors.core.index import APPLIED, REFUSED
+from kvpipe.processors.core import native
+from kvpipe.processors.core.index import APPLIED, REFUSED, NodeState
+from kvpipe.processors.core.slots import NativeStore
 from kvpipe.processors.core.outcomes import DLQ, Batch, KafkaRecord
 from kvpipe.schemas.codec import KAFKA_HEADERS
 
@@ -37,17 +38,15 @@ if TYPE_CHECKING:
 _HEADERS = [(k, bytes(v)) for k, v in KAFKA_HEADERS]
 
 
-def available() -> bool:
-    return slots.kvpipe_native is not None and hasattr(slots.kvpipe_native, "ingest_run")
-
-
 def handle_batch(ingest: Ingest, records: Sequence[KafkaRecord], clock: Callable[[], float] = time.time) -> Batch:
     """`Ingest.handle_batch` with native runs (see the module doc); the same `Batch`."""
-    run = slots.kvpipe_native.ingest_run
-    if records.__class__ is not list:
-        records = list(records)
+    run = native.ingest_run
+    records = records if isinstance(records, list) else list(records)
     index = ingest.index
-    core, nodes = index.store.core, index.nodes
+    store = index.store
+    if not isinstance(store, NativeStore):
+        raise TypeError("native ingest runs need the native index store")
+    core, nodes = store.core, index.nodes
     tracks = ingest.inflight.tracks if ingest.inflight is not None else None
     published: list[float] = []
     refused: list = []
@@ -59,7 +58,7 @@ def handle_batch(ingest: Ingest, records: Sequence[KafkaRecord], clock: Callable
             core, records, i, partition, ingest.applied_offset.get(partition), ingest.stream_ts.get(partition, 0.0),
             nodes, tracks, clock, ingest.max_bytes, ingest.max_skew_s, index.ttl_s, index.max_blocks_per_slot,
             _HEADERS)
-        _absorb(ingest, partition, applied, stream_ts, ingest_ts, counts, changed)
+        _absorb(ingest, store, partition, applied, stream_ts, ingest_ts, counts, changed)
         published += pub
         if error is not None:
             return Batch(i, published, refused, failed=RuntimeError(f"native ingest run: {error}"))
@@ -78,6 +77,7 @@ def handle_batch(ingest: Ingest, records: Sequence[KafkaRecord], clock: Callable
         outcome = result.outcome
         if outcome == APPLIED:
             env = result.env
+            assert env is not None  # an applied message's result carries its envelope
             published.append(env.sent_ts or env.ts)
         elif outcome == DLQ:
             return Batch(i, published, refused, dlq=result)
@@ -86,8 +86,9 @@ def handle_batch(ingest: Ingest, records: Sequence[KafkaRecord], clock: Callable
     return Batch(i, published, refused)
 
 
-def _absorb(ingest: Ingest, partition: int, applied: int | None, stream_ts: float, ingest_ts: float | None,
-            counts: tuple[int, int, int, int], changed: list) -> None:
+def _absorb(ingest: Ingest, store: NativeStore, partition: int, applied: int | None, stream_ts: float,
+            ingest_ts: float | None, counts: tuple[int, int, int, int],
+            changed: list[native.RunNode[NodeState]]) -> None:
     """What one native run did, into the Python state (`Ingest`, `Index`, each `NodeState`)."""
     messages, skipped, holes, ended = counts
     c = ingest.counters
@@ -98,6 +99,8 @@ def _absorb(ingest: Ingest, partition: int, applied: int | None, stream_ts: floa
     c["messages"] += messages
     c["offset_holes"] += holes
     c["lifetimes"] += ended
+    # a run that handled a message applied its offset, at a clock reading (native/src/ingestrun.rs)
+    assert applied is not None and ingest_ts is not None
     index = ingest.index
     index.ended += ended
     ingest.applied_offset[partition] = applied
@@ -125,4 +128,4 @@ def _absorb(ingest: Ingest, partition: int, applied: int | None, stream_ts: floa
         ic["heartbeats"] += heartbeats
         index.count_events(node, events, stored, removed, unknown)
         for sid, n in capped:
-            index._capped(node, index.store.slot_by_id(sid), n, cap)
+            index._capped(node, store.slot_by_id(sid), n, cap)

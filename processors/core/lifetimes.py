@@ -152,7 +152,7 @@ class LifetimeColumns:
         return [self.column(name) for name in FIELDS]
 
     @classmethod
-    def of(cls, columns: Iterable[list]) -> "LifetimeColumns":
+    def of(cls, columns: Iterable[list | None]) -> "LifetimeColumns":
         out = cls.__new__(cls)
         for name, values in zip(FIELDS, columns, strict=True):
             setattr(out, name, values)
@@ -170,11 +170,10 @@ class LifetimeColumns:
     def extend(self, other: "LifetimeColumns") -> None:
         """Append `other`'s rows (derived columns made concrete on this side). Unrolled: the sink's
         writer calls it once per message."""
-        if self.copy_idx is None or self.group_kind is None or self.end_reason is None:
-            n = len(self.block_hash)
-            for name, default in DERIVED_DEFAULTS:
-                if getattr(self, name) is None:
-                    setattr(self, name, [default] * n)
+        m = len(self.block_hash)
+        copy_idx = [0] * m if self.copy_idx is None else self.copy_idx
+        group_kind = [""] * m if self.group_kind is None else self.group_kind
+        end_reason = [""] * m if self.end_reason is None else self.end_reason
         self.node_id += other.node_id
         self.epoch += other.epoch
         self.group_idx += other.group_idx
@@ -187,9 +186,10 @@ class LifetimeColumns:
         self.offset += other.offset
         self.idx += other.idx
         n = len(other.block_hash)
-        self.copy_idx += [0] * n if other.copy_idx is None else other.copy_idx  # type: ignore[operator]
-        self.group_kind += [""] * n if other.group_kind is None else other.group_kind  # type: ignore[operator]
-        self.end_reason += [""] * n if other.end_reason is None else other.end_reason  # type: ignore[operator]
+        copy_idx += [0] * n if other.copy_idx is None else other.copy_idx
+        group_kind += [""] * n if other.group_kind is None else other.group_kind
+        end_reason += [""] * n if other.end_reason is None else other.end_reason
+        self.copy_idx, self.group_kind, self.end_reason = copy_idx, group_kind, end_reason
 
     def __getitem__(self, rows: slice) -> "LifetimeColumns":
         return LifetimeColumns.of(c[rows] for c in self.columns())

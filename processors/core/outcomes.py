@@ -10,7 +10,7 @@ from typing import Iterable, Protocol, Sequence
 
 import msgspec
 
-from kvpipe.processors.core.lifetimes import LifetimeRow
+from kvpipe.processors.core.lifetimes import LifetimeColumns, LifetimeRow
 from kvpipe.schemas.codec import DecodeError
 from kvpipe.schemas.envelope import Envelope
 from kvpipe.schemas.events import Event
@@ -23,7 +23,7 @@ class Result(msgspec.Struct, gc=False):
     outcome: str  # index.APPLIED | DUPLICATE | STALE | DLQ | SKIPPED
     env: Envelope | None = None
     events: list[Event] = []
-    lifetimes: list[LifetimeRow] = []
+    lifetimes: list[LifetimeRow] | LifetimeColumns = []  # as the index's `lifetimes` mode gives them
     error: DecodeError | None = None
 
 

@@ -3,7 +3,7 @@ with their store times and extra copies, and per group the inverted view (block 
 router reads. Two implementations of one contract, chosen by `make_store`:
 
   "native"  `kvpipe_native.IndexStore` (native/src/store.rs): open-addressing tables keyed by the
-            64-bit hash; the default when the extension is built.
+            64-bit hash; the default on the native engine (`kvpipe.processors.core.native`).
   "python"  dicts, the readable reference (tests/property/test_native_index.py holds the two equal).
 
 Both key blocks by vLLM's 64-bit form of the hash (`hash_to_u64`: ints as they are, bytes by their
@@ -20,13 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
+from kvpipe.processors.core import native
 from kvpipe.processors.core.lifetimes import U64_MASK
-from kvpipe.schemas.events import ExternalHash
-
-try:
-    import kvpipe_native
-except ImportError:  # not built (KVPIPE_NATIVE=0): the reference store only
-    kvpipe_native = None
+from kvpipe.schemas.events import Event, ExternalHash
 
 StoreKind = Literal["native", "python"]
 MAX_MEDIA = 0xFFFF  # medium ids the native store records; the last one is shared by any further medium
@@ -37,7 +33,7 @@ GPU = "GPU"  # the medium name vLLM gives device memory (`processors/core/index.
 def key_of(h: ExternalHash) -> int:
     """The 64-bit key of a block hash (the rule of `kvpipe.processors.analytics.rows.hash_to_u64`)."""
     if h.__class__ is int:
-        return h & U64_MASK  # type: ignore[operator]
+        return h & U64_MASK
     if isinstance(h, (bytes, bytearray)):
         return int.from_bytes(h[-8:], "big")
     if isinstance(h, int):
@@ -45,24 +41,14 @@ def key_of(h: ExternalHash) -> int:
     raise TypeError(f"a block hash must be int or bytes, got {type(h).__name__}")
 
 
-def native_available() -> bool:
-    return kvpipe_native is not None and hasattr(kvpipe_native, "IndexStore")
-
-
-def batch_reader_available() -> bool:
-    return kvpipe_native is not None and hasattr(kvpipe_native, "parse_batch")
-
-
-def parse_batch(payload: bytes) -> Any:
+def parse_batch(payload: bytes) -> native.Batch | None:
     """vLLM's event batch read natively (`kvpipe_native.Batch`: no Python object per event), or
     None when the reference decoder must read it (`kvpipe.schemas.codec.decode_vllm_batch`: the native
-    reader accepts a strict subset, native/src/batch.rs) or the reader is not built."""
-    if kvpipe_native is None or not hasattr(kvpipe_native, "parse_batch"):
-        return None
-    return kvpipe_native.parse_batch(payload)
+    reader accepts a strict subset, native/src/batch.rs) or the Python engine runs."""
+    return native.parse_batch(payload)
 
 
-def batch_event(batch: Any, i: int) -> Any:
+def batch_event(batch: native.Batch, i: int) -> Event:
     """Event `i` of a native batch as the reference's event object (the fields the index reads;
     for the per-event path: clears and first events of a new slot)."""
     from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -70,14 +56,15 @@ def batch_event(batch: Any, i: int) -> Any:
     kind, keys, group, medium = batch.event(i)
     if kind == 2:
         return AllBlocksCleared()
+    hashes: list[ExternalHash] = list(keys)  # the events' type (ints or bytes); a rare path: clears, new slots
     if kind == 1:
-        return BlockRemoved(block_hashes=keys, medium=medium, group_idx=group)
-    return BlockStored(block_hashes=keys, parent_block_hash=None, token_ids=[], block_size=0, lora_id=None,
+        return BlockRemoved(block_hashes=hashes, medium=medium, group_idx=group)
+    return BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=[], block_size=0, lora_id=None,
                        medium=medium, lora_name=None, group_idx=group)
 
 
 def default_store() -> StoreKind:
-    return "native" if native_available() else "python"
+    return native.engine()
 
 
 class Slot:
@@ -137,10 +124,10 @@ class PyStore:
             cur = holders.get(k)
             if cur is None:
                 holders[k] = slot
-            elif cur.__class__ is Slot:
-                holders[k] = {cur, slot}  # type: ignore[arg-type]
+            elif isinstance(cur, set):
+                cur.add(slot)
             else:
-                cur.add(slot)  # type: ignore[union-attr]
+                holders[k] = {cur, slot}
         return len(keys), given - len(keys)
 
     def remove(self, slot: Slot, hashes: Iterable[ExternalHash]) -> tuple[int, int, list[int], list[float]]:
@@ -184,11 +171,10 @@ class PyStore:
                 cur = holders.get(k)
                 if cur is None:
                     holders[k] = slot
-                elif cur.__class__ is Slot:
-                    if cur is not slot:
-                        holders[k] = {cur, slot}  # type: ignore[arg-type]
-                else:
-                    cur.add(slot)  # type: ignore[union-attr]
+                elif isinstance(cur, set):
+                    cur.add(slot)
+                elif cur is not slot:
+                    holders[k] = {cur, slot}
             slot.blocks[k] = ts
         for h, n in dups.items():
             k = key_of(h)
@@ -199,7 +185,7 @@ class PyStore:
         cur = self.holders.get(group, {}).get(key_of(h))
         if cur is None:
             return []
-        return [cur] if cur.__class__ is Slot else list(cur)  # type: ignore[arg-type]
+        return list(cur) if isinstance(cur, set) else [cur]
 
     def held(self, hashes_by_group: Mapping[int, list]) -> dict[Slot, set[int]]:
         """Per slot, the positions of the request's blocks it holds (one lookup per (group, hash);
@@ -215,10 +201,10 @@ class PyStore:
                 cur = holders.get(key_of(h))
                 if cur is None:
                     continue
-                for slot in ((cur,) if cur.__class__ is Slot else cur):  # type: ignore[union-attr]
-                    positions = by_slot.get(slot)  # type: ignore[arg-type]
+                for slot in (cur if isinstance(cur, set) else (cur,)):
+                    positions = by_slot.get(slot)
                     if positions is None:
-                        positions = by_slot[slot] = set()  # type: ignore[index]
+                        positions = by_slot[slot] = set()
                     positions.add(i)
         return by_slot
 
@@ -232,10 +218,10 @@ class PyStore:
 def _slots_of(per: dict[int, Slot | set[Slot]]) -> set[Slot]:
     out: set[Slot] = set()
     for cur in per.values():
-        if cur.__class__ is Slot:
-            out.add(cur)  # type: ignore[arg-type]
+        if isinstance(cur, set):
+            out.update(cur)
         else:
-            out.update(cur)  # type: ignore[arg-type]
+            out.add(cur)
     return out
 
 
@@ -243,18 +229,18 @@ def _drop_holder(holders: dict[int, Slot | set[Slot]], k: int, slot: Slot) -> No
     cur = holders.get(k)
     if cur is slot:
         del holders[k]
-    elif cur is not None and cur.__class__ is not Slot:
-        cur.discard(slot)  # type: ignore[union-attr]
-        if len(cur) == 1:  # type: ignore[arg-type]
-            holders[k] = next(iter(cur))  # type: ignore[call-overload]
+    elif isinstance(cur, set):
+        cur.discard(slot)
+        if len(cur) == 1:
+            holders[k] = next(iter(cur))
 
 
-class _Blocks(Mapping):
+class _Blocks(Mapping[ExternalHash, float]):
     """A native slot's `blocks` as a read-only mapping key → store time (order: time, key)."""
 
     __slots__ = ("_core", "_sid")
 
-    def __init__(self, core: Any, sid: int) -> None:
+    def __init__(self, core: native.IndexStore, sid: int) -> None:
         self._core, self._sid = core, sid
 
     def __len__(self) -> int:
@@ -272,20 +258,21 @@ class _Blocks(Mapping):
     def __iter__(self) -> Iterator[int]:
         return iter(self._core.items(self._sid)[0])
 
-    def items(self):  # type: ignore[override]
+    # lists, not views: one native call reads the slot's keys and times in one order
+    def items(self):
         keys, times = self._core.items(self._sid)
         return list(zip(keys, times))
 
-    def values(self):  # type: ignore[override]
+    def values(self):
         return self._core.items(self._sid)[1]
 
 
-class _Dups(Mapping):
+class _Dups(Mapping[ExternalHash, int]):
     """A native slot's extra copies as a read-only mapping key → count."""
 
     __slots__ = ("_core", "_sid")
 
-    def __init__(self, core: Any, sid: int) -> None:
+    def __init__(self, core: native.IndexStore, sid: int) -> None:
         self._core, self._sid = core, sid
 
     def _all(self) -> dict[int, int]:
@@ -310,10 +297,8 @@ class NativeStore:
     kind: StoreKind = "native"
 
     def __init__(self) -> None:
-        if not native_available():
-            raise RuntimeError("the native index store is not built (infra/scripts/native.sh; KVPIPE_NATIVE=0 "
-                               "disables it): use the python store")
-        self.core = kvpipe_native.IndexStore()
+        self.core = native.index_store()  # NativeUnavailable, saying why, on the Python engine
+        self._gpu_bit, self._unknown_bit, self._mask_media = native.media_bits()
         self._slots: dict[int, Slot] = {}  # sid → slot, for the router's answers
         # media by id as the store records them per slot (ids are u16; past that, one shared id;
         # the router reads media the reference way once they pass the answer mask's bits)
@@ -349,21 +334,38 @@ class NativeStore:
             self._rank = rank
         return self._rank
 
+    def masks_media(self) -> bool:
+        """Whether every medium so far has a bit in a native answer's media mask (past that, the router
+        reads media the reference way)."""
+        return len(self.media) < self._mask_media
+
     def media_names(self, mask: int) -> str:
         """A route answer's media mask (`kvpipe_native.IndexStore.route_cohort`: bit `id` per medium
         id, and the GPU and unknown bits) as the router writes it: names joined by "+", GPU first,
         "?" for blocks on no medium known, "none" for none."""
         got = self._names.get(mask)
         if got is None:
-            names = [GPU] if mask & kvpipe_native.GPU_MEDIUM else []
-            if mask & kvpipe_native.UNKNOWN_MEDIUM:
+            names = [GPU] if mask & self._gpu_bit else []
+            if mask & self._unknown_bit:
                 names.append("?")
-            names += [m for i, m in enumerate(self.media) if i < kvpipe_native.MEDIA_BITS and mask >> i & 1]
+            names += [m for i, m in enumerate(self.media) if i < self._mask_media and mask >> i & 1]
             got = self._names[mask] = "+".join(sorted(names, key=lambda m: (m != GPU, m))) or "none"
         return got
 
     def slot_by_id(self, sid: int) -> Slot:
         return self._slots[sid]
+
+    def route_cohort(self, engine: native.HitEngine, lists: list[tuple[int, list[ExternalHash]]],
+                     members: native.MemberTable, models: list[tuple[int, int, int]],
+                     prefixes: bool) -> list[native.CohortRow]:
+        """A cohort's members holding any requested block, with their hits, in one native call
+        (`kvpipe.processors.router.cohort`); media come as masks (`masks_media`, `media_names`)."""
+        return self.core.route_cohort(engine, lists, members, models, self.media_rank(), prefixes)
+
+    def router(self) -> native.NativeRouter:
+        """The native route decision on this store: it reads the blocks under the store's lock from threads of
+        its own (`kvpipe.processors.router.native`)."""
+        return native.native_router(self.core)
 
     def store(self, slot: Slot, hashes: Iterable[ExternalHash], ts: float, cap: int | None) -> tuple[int, int]:
         return self.core.store(slot.sid, hashes, ts, cap)

@@ -14,15 +14,19 @@ until the new manifest is acknowledged; then the old chunks are tombstoned (`dur
 On the native store (`processors/core/slots.py: NativeStore`) slot records are written and read by the
 extension (native/src/snapshot.rs) as the very bytes msgspec writes for a `SlotSnap`, spliced into
 the chunk as `msgspec.Raw`: no Python object per entry either way, and the format stays 1. The
-walk below in Python stays the reference (the dict store, or the extension not built).
+walk below in Python stays the reference (the dict store, or the Python engine). The records are generic in
+what a node's slots are (`NodeSnap[S]`): `SlotSnap`s or their bytes on the way out, `SlotSnap`s or `SlotBytes`
+on the way in; the wire form is the same.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from kvpipe.processors.core import native as _native
 from kvpipe.processors.core import slots as _slots
 from kvpipe.processors.core.index import Index, NodeState
 from kvpipe.schemas.envelope import GroupSpec, HashConfig
@@ -41,7 +45,10 @@ class SlotSnap(msgspec.Struct, array_like=True, gc=False):
     dups: dict[ExternalHash, int] = {}
 
 
-class NodeSnap(msgspec.Struct, array_like=True, gc=False):
+S = TypeVar("S")  # a node's slot records: `SlotSnap`, or the bytes of one (`msgspec.Raw`, `SlotBytes`)
+
+
+class NodeSnap(msgspec.Struct, Generic[S], array_like=True, gc=False):
     node_id: str
     epoch: int
     seq: int
@@ -55,7 +62,7 @@ class NodeSnap(msgspec.Struct, array_like=True, gc=False):
     dp_rank: int | None
     last_offset: int
     counters: dict[str, int]
-    slots: list[SlotSnap]
+    slots: list[S]
     # added after FORMAT 1 shipped: trailing with defaults, so older snapshots still decode
     partial_since: tuple[int, int, float] | None = None
     skew_s: float = 0.0
@@ -63,11 +70,11 @@ class NodeSnap(msgspec.Struct, array_like=True, gc=False):
     load: tuple[int | None, int | None, float | None] | None = None  # the latest reported (router score)
 
 
-class Chunk(msgspec.Struct, gc=False):
+class Chunk(msgspec.Struct, Generic[S], gc=False):
     partition: int
     gen: int
     idx: int
-    nodes: list[NodeSnap]
+    nodes: list[NodeSnap[S]]
 
 
 class Manifest(msgspec.Struct):
@@ -114,19 +121,11 @@ class SlotBytes:
         return f"SlotBytes(group={self.group}, medium={self.medium!r}, entries={self.entries})"
 
 
-# NodeSnap/Chunk with each slot left as its bytes: derived from NodeSnap so the two cannot drift
-_SLOTS_AT = NodeSnap.__struct_fields__.index("slots")
-_NodeSnapRaw = msgspec.defstruct(
-    "_NodeSnapRaw",
-    [(f.name, list[msgspec.Raw] if f.name == "slots" else f.type)
-     if f.required else (f.name, f.type, f.default) for f in msgspec.structs.fields(NodeSnap)],
-    array_like=True, gc=False)
-_ChunkRaw = msgspec.defstruct(
-    "_ChunkRaw", [("partition", int), ("gen", int), ("idx", int), ("nodes", list[_NodeSnapRaw])], gc=False)
+Written = SlotSnap | msgspec.Raw  # a slot record on the way out (the Python walk's, or the extension's bytes)
 
 _encoder = msgspec.msgpack.Encoder()
-_chunk_decoder = msgspec.msgpack.Decoder(Chunk)
-_raw_chunk_decoder = msgspec.msgpack.Decoder(_ChunkRaw)
+_chunk_decoder = msgspec.msgpack.Decoder(Chunk[SlotSnap])
+_raw_chunk_decoder = msgspec.msgpack.Decoder(Chunk[msgspec.Raw])  # each slot left as its bytes
 _slot_decoder = msgspec.msgpack.Decoder(SlotSnap)
 _manifest_decoder = msgspec.msgpack.Decoder(Manifest)
 
@@ -149,28 +148,23 @@ def parse_key(key: bytes) -> tuple[int, int | None, int | None]:
     raise ValueError(f"not a snapshot key: {key!r}")
 
 
-def _node_header(node: NodeState, slots: list[SlotSnap]) -> NodeSnap:
+def _node_header(node: NodeState, slots: list[Written]) -> NodeSnap[Written]:
     return NodeSnap(node.node_id, node.epoch, node.seq, node.last_seen, node.suspect, node.reason, node.expired,
                     node.group_specs, node.hash_config, node.model, node.dp_rank, node.last_offset, dict(node.counters),
                     slots, node.partial_since, node.skew_s, node.expired_at, node.load)
 
 
 def _hash_bytes(h: ExternalHash) -> int:
-    return 9 if h.__class__ is int else len(h) + 2
+    return 9 if isinstance(h, int) else len(h) + 2
 
 
-def native_snapshots_available() -> bool:
-    """Whether the extension writes and reads slot records (native/src/snapshot.rs)."""
-    return _slots.kvpipe_native is not None and hasattr(_slots.kvpipe_native, "read_slot_head")
-
-
-def _native_core(index: Index, native: bool | None) -> object | None:
+def _native_core(index: Index, native: bool | None) -> _native.IndexStore | None:
     """The native store's core when slot records go through the extension, else None."""
     store = index.store
-    usable = isinstance(store, _slots.NativeStore) and hasattr(store.core, "snapshot_slot")
+    usable = isinstance(store, _slots.NativeStore)
     if native and not usable:
-        raise RuntimeError("native snapshots need the native index store with native/src/snapshot.rs built")
-    return store.core if usable and native is not False else None
+        raise RuntimeError("native snapshots need the native index store")
+    return store.core if isinstance(store, _slots.NativeStore) and native is not False else None
 
 
 def export_partition(index: Index, partition: int, gen: int, chunk_bytes: int = CHUNK_BYTES,
@@ -217,7 +211,8 @@ def export_partition(index: Index, partition: int, gen: int, chunk_bytes: int = 
     return out.chunks, out.nodes, blocks
 
 
-def _export_native(index: Index, core, partition: int, gen: int, chunk_bytes: int) -> tuple[list[bytes], int, int]:
+def _export_native(index: Index, core: _native.IndexStore, partition: int, gen: int,
+                   chunk_bytes: int) -> tuple[list[bytes], int, int]:
     """`export_partition`'s walk with each slot written by the extension: the same pieces (the
     chunk sizing of the Python walk, with every hash a 64-bit int: `_ENTRY` bytes an entry), so
     the same bytes."""
@@ -261,18 +256,18 @@ class _Chunks:
     def __init__(self, partition: int, gen: int) -> None:
         self.partition, self.gen = partition, gen
         self.chunks: list[bytes] = []
-        self.current: list[NodeSnap] = []
+        self.current: list[NodeSnap[Written]] = []
         self.size = 0
         self.nodes = 0
 
-    def nodes_of(self, index: Index) -> Iterator[tuple[NodeState, NodeSnap]]:
+    def nodes_of(self, index: Index) -> Iterator[tuple[NodeState, NodeSnap[Written]]]:
         """The partition's nodes, each with its header opened in the chunk (counted in `nodes`)."""
         for node in index.nodes.values():
             if node.partition == self.partition:
                 self.nodes += 1
                 yield node, self.open(node)
 
-    def open(self, node: NodeState) -> NodeSnap:
+    def open(self, node: NodeState) -> NodeSnap[Written]:
         """A header of `node` in the open chunk (a big node's header repeats in each chunk)."""
         header = _node_header(node, [])
         self.current.append(header)
@@ -296,31 +291,36 @@ def decode_manifest(data: bytes) -> Manifest:
     return _manifest_decoder.decode(data)
 
 
-def decode_chunk(data: bytes, native: bool | None = None) -> Chunk:
-    """A chunk read back. With the native reader (`native` None: when built) each slot stays its
+def decode_chunk(data: bytes, native: bool | None = None) -> Chunk[SlotSnap] | Chunk[SlotBytes]:
+    """A chunk read back. With the native reader (`native` None: on the native engine) each slot stays its
     bytes (`SlotBytes`), checked whole here, so a broken slot record raises `msgspec.DecodeError`
     saying where, as msgspec does for the rest of the chunk."""
     if native is None:
-        native = native_snapshots_available()
+        native = _native.engine() == "native"
     if not native:
         return _chunk_decoder.decode(data)
     raw = _raw_chunk_decoder.decode(data)
-    out: list[NodeSnap] = []
+    out: list[NodeSnap[SlotBytes]] = []
     for node in raw.nodes:
         pieces = []
         for i, piece in enumerate(node.slots):
             try:
-                group, medium, entries = _slots.kvpipe_native.read_slot_head(piece)
+                group, medium, entries = _native.read_slot_head(piece)
             except ValueError as exc:
                 raise msgspec.DecodeError(f"snapshot chunk {raw.partition}/{raw.gen}/{raw.idx}, node {node.node_id!r}, "
                                           f"slot piece {i}: {exc}") from None
             pieces.append(SlotBytes(piece, group, medium, entries))
-        fields = msgspec.structs.astuple(node)
-        out.append(NodeSnap(*fields[:_SLOTS_AT], pieces, *fields[_SLOTS_AT + 1:]))
+        out.append(_with_slots(node, pieces))
     return Chunk(raw.partition, raw.gen, raw.idx, out)
 
 
-def import_chunks(index: Index, partition: int, chunks: list[Chunk], max_ts: float = math.inf) -> int:
+def _with_slots(node: NodeSnap[Any], slots: list[S]) -> NodeSnap[S]:
+    """`node` with other slot records (every other field as it is)."""
+    return msgspec.structs.replace(node, slots=slots)
+
+
+def import_chunks(index: Index, partition: int, chunks: Sequence[Chunk[SlotSnap] | Chunk[SlotBytes]],
+                  max_ts: float = math.inf) -> int:
     """Load a generation's chunks into the index (the partition's old nodes must be dropped
     first); returns the number of blocks loaded. Node times past `max_ts` (the trusted clock plus
     the allowed skew) are clamped to it: a snapshot never brings back a poisoned clock, even one

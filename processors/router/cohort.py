@@ -16,25 +16,26 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
+from kvpipe.processors.core import native
 from kvpipe.processors.core.index import GPU, Index, NodeState
+from kvpipe.processors.core.slots import NativeStore
 from kvpipe.processors.router.hma import NodeModel
-from kvpipe.processors.router.hits import HitSearch, kvpipe_native
+from kvpipe.processors.router.hits import HitSearch
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.processors.router.model import PREFIX_PER_GROUP, Load, NodeRoute, RouteRequest, Scoring
 from kvpipe.processors.router.rows import TIER, Zero, liveness, penalty
 
 Member = tuple[NodeState, NodeModel]
 # per touched member, in member order: (member index, gpu tokens, any tokens,
-# [(gpu blocks, blocks used, media mask)] per group)
-Touched = list[tuple[int, int, int, list[tuple[int, int, int]]]]
+# [(gpu blocks, blocks used, media mask, prefixes)] per group)
+Touched = list[native.CohortRow]
 
 
 def cohort_hits(index: Index, search: HitSearch, lists: dict[int, list], members: Sequence[Member],
                 req: RouteRequest, num_tokens: int | None, inflight: InFlight | None) -> Touched | None:
     """The touched members' answers, or None when this cohort takes the per-node path."""
     store = index.store
-    if (store.kind != "native" or search.native_engine is None
-            or len(store.media) >= kvpipe_native.MEDIA_BITS or not members):  # type: ignore[union-attr]
+    if not isinstance(store, NativeStore) or search.native_engine is None or not store.masks_media() or not members:
         return None  # (media past the answer's mask bits: read the reference way)
     groups = tuple(g for g in members[0][1].groups if g in lists)
     if not groups:
@@ -51,18 +52,17 @@ def cohort_hits(index: Index, search: HitSearch, lists: dict[int, list], members
         args.append(got)
     if search.native_engine is not engine:  # the engine started afresh while registering: ids moved
         return None
-    return store.core.route_cohort(engine, [(g, lists[g]) for g in groups], table, args,  # type: ignore[union-attr]
-                                   store.media_rank(), req.semantics == PREFIX_PER_GROUP)  # type: ignore[union-attr]
+    return store.route_cohort(engine, [(g, lists[g]) for g in groups], table, args, req.semantics == PREFIX_PER_GROUP)
 
 
 # A cohort's native member table, by the identity of its member list (the router's plan keeps one
 # list per cohort until the index's nodes change; the list is kept in the value, so an id is never
 # reused while its entry lives).
-_tables: dict[int, tuple[Sequence[Member], object, list[NodeModel]]] = {}
+_tables: dict[int, tuple[Sequence[Member], native.MemberTable, list[NodeModel]]] = {}
 _TABLES_MAX = 4096
 
 
-def _table(members: Sequence[Member]) -> tuple[object, list[NodeModel]]:
+def _table(members: Sequence[Member]) -> tuple[native.MemberTable, list[NodeModel]]:
     got = _tables.get(id(members))
     if got is not None and got[0] is members:
         return got[1], got[2]
@@ -75,7 +75,7 @@ def _table(members: Sequence[Member]) -> tuple[object, list[NodeModel]]:
             i = at[id(model)] = len(models)
             models.append(model)
         index_of.append(i)
-    table = kvpipe_native.MemberTable([n.key for n, _ in members], index_of)
+    table = native.member_table([n.key for n, _ in members], index_of)
     if len(_tables) >= _TABLES_MAX:
         _tables.clear()
     _tables[id(members)] = (members, table, models)
@@ -128,9 +128,10 @@ def touched_light(out: list[Light], zero: dict[int, Zero], shape: Callable[[Node
         if load is no_load:
             pen = no_penalty
         else:
-            pen = penalties.get(id(load))
-            if pen is None:
-                pen = penalties[id(load)] = penalty(load, 0, scoring)
+            got_pen = penalties.get(id(load))
+            if got_pen is None:
+                got_pen = penalties[id(load)] = penalty(load, 0, scoring)
+            pen = got_pen
         loadable = any_tokens - gpu_tokens
         sc = round(ow * (gpu_tokens + cw * loadable) / cap - pen, 9)
         append(((TIER[state], -sc, -gpu_tokens, -loadable, node.node_id), node, z, state, state_reason,

@@ -55,10 +55,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
-from kvpipe.gpu.hit import ViewCache
 from kvpipe.processors.core.index import Index, NodeState
+from kvpipe.processors.core.slots import NativeStore
 from kvpipe.processors.router.hma import NodeModel, at_units, held_positions
-from kvpipe.processors.router.hashing import PromptHasher, layout_mismatch
+from kvpipe.processors.router.hashing import PromptHasher, hash_views, layout_mismatch
 from kvpipe.processors.router.cohort import Light, build_row, cohort_hits, touched_light
 from kvpipe.processors.router.hits import Engine, HitSearch, Job
 from kvpipe.processors.router.inflight import InFlight
@@ -170,7 +170,9 @@ def route_local(index: Index, req: RouteRequest, *, loads: Mapping[str, Load] | 
             continue
         rows.append(row)
     if light:
-        _build_light(rows, light, req, scoring, index.store.media_names, index.store.media)  # type: ignore[union-attr]
+        store = index.store
+        assert isinstance(store, NativeStore)  # light rows come from the native cohort call only
+        _build_light(rows, light, req, scoring, store.media_names, store.media)
     rows.sort(key=_rank)
     models = planned.models
     return RouteAnswer(
@@ -247,7 +249,7 @@ def _shape(planned: Plan, cache: dict[int, Zero], node: NodeState, model: NodeMo
     if z is None:
         key = (id(model), tuple((g, len(lists[g])) for g in model.groups if g in lists), num_tokens,
                _form(req), req.semantics)
-        z = planned.zeros.get(key)  # type: ignore[assignment]
+        z = planned.zeros.get(key)
         if z is None:
             if len(planned.zeros) >= _ZEROS_MAX:
                 planned.zeros.clear()
@@ -272,16 +274,15 @@ def _build_light(rows: list[NodeRoute], light: list[Light], req: RouteRequest, s
     if req.top_k is None or scoring.temperature > 0 or req.include_zero:
         rows.extend(build_row(x, names, media) for x in light)
         return
-    ranked = [(_rank(r), r) for r in rows]
+    ranked: list[tuple[tuple, NodeRoute | Light]] = [(_rank(r), r) for r in rows]
     ranked += [(x[0], x) for x in light]
     ranked.sort(key=_first)  # ranks are unique (they end with the node id): the row is never compared
     kept: list[NodeRoute] = []
     hits = 0
     for i, (_, r) in enumerate(ranked):
-        built = isinstance(r, NodeRoute)
-        has = bool(r.gpu_tokens or r.loadable_tokens) if built else bool(r[5] or r[6])
+        has = bool(r.gpu_tokens or r.loadable_tokens) if isinstance(r, NodeRoute) else bool(r[5] or r[6])
         if i == 0 or (has and hits < req.top_k):
-            kept.append(r if built else build_row(r, names, media))
+            kept.append(r if isinstance(r, NodeRoute) else build_row(r, names, media))
         hits += has
         if hits >= req.top_k:
             break
@@ -360,7 +361,7 @@ def record_sent(index: Index, inflight: InFlight, request_id: str, node_id: str,
         cfg = node.hash_config
         if cfg is None or cfg.hash_block_size != checked.unit:
             return f"node {node_id!r} does not hash in units of {checked.unit} tokens"
-        views = ViewCache(checked.unit_hashes, checked.unit)
+        views = hash_views(checked.unit_hashes, checked.unit)
         lists = {gs.group_idx: views.at(gs.block_size) for gs in specs}  # type: ignore[misc]
     else:
         given = checked.hash_lists
@@ -423,7 +424,7 @@ def unit_cohorts(planned: Plan, checked: Checked, no_signal: list[NoSignal]) -> 
     the chain's size; the others are no signal (cause "lists")."""
     units, unit = checked.unit_hashes, checked.unit
     assert units is not None and unit is not None
-    views = ViewCache(units, unit)
+    views = hash_views(units, unit)
     cohorts: Cohorts = {}
     for per in planned.by_config.values():
         cfg = per.config

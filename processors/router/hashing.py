@@ -14,17 +14,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 from kvpipe.gpu.hashing import BlockHasher, RequestKeys, external_hash, hash_request_blocks, hasher_from_config
 from kvpipe.gpu.hit import ViewCache
-from kvpipe.processors.router.hits import kvpipe_native
+from kvpipe.processors.core import native
 from kvpipe.processors.router.model import HashConfigUsed
 from kvpipe.schemas.envelope import GroupSpec, HashConfig
 from kvpipe.schemas.events import ExternalHash
 
 ConfigKey = tuple[str, int, str, str | None, bool]
-# `tests/property/test_native_token_hash.py` holds it equal to `kvpipe.gpu.hashing`'s chain
-_native_chain = getattr(kvpipe_native, "sha256_token_chain", None)
+
+
+def hash_views(fine: Sequence[ExternalHash], hash_block_size: int) -> ViewCache:
+    """`kvpipe.gpu.hit.ViewCache` over a chain in its published form (ints or bytes). The GPU side annotates the
+    chain as its digests (bytes); the views only slice it, so any hash form works."""
+    return ViewCache(cast("Sequence[bytes]", fine), hash_block_size)
 
 
 def config_key(config: HashConfig) -> ConfigKey:
@@ -76,17 +81,18 @@ class ConfigHashes:
         hasher = _hasher(config)  # ValueError: the caller reports the node as no signal
         t0 = time.perf_counter()
         ints = config.int_hashes
-        external: list[ExternalHash] | None = None
-        if config.algorithm == "sha256" and (keys is None or keys.empty) and _native_chain is not None:
-            # vLLM's default hash built natively from the token ids (None: a shape it leaves to us)
-            external = _native_chain(hasher.none_hash, token_ids, config.hash_block_size, ints)
+        external: Sequence[ExternalHash] | None = None
+        if config.algorithm == "sha256" and (keys is None or keys.empty):
+            # vLLM's default hash built natively from the token ids (None: the Python engine, or a shape it
+            # leaves to us); tests/property/test_native_token_hash.py holds it equal to `kvpipe.gpu.hashing`'s chain
+            external = native.sha256_token_chain(hasher.none_hash, token_ids, config.hash_block_size, ints)
         if external is None:
             fine = hash_request_blocks(hasher, token_ids, config.hash_block_size, keys)
             external = [external_hash(d, ints) for d in fine]
         self.seconds = time.perf_counter() - t0
         self.config = config
         self.hash_blocks = len(external)
-        self.views = ViewCache(external, config.hash_block_size)
+        self.views = hash_views(external, config.hash_block_size)
         self.nodes = 0
 
     def lists(self, specs: Sequence[GroupSpec]) -> dict[int, list[ExternalHash]]:

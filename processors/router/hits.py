@@ -1,34 +1,32 @@
 """The router's hit search for every candidate node of a request in one call, on one of two engines
 with one set of rules (`kvpipe.gpu.hit`, the readable reference):
 
-  "native"  `kvpipe_native` (the Rust crate in native/, built by infra/scripts/native.sh): each
-            node layout's spec model is registered once and kept by id, held positions go in as the
-            sets `hma.held_positions` builds, every node is searched in one call.
+  "native"  the native core's `HitEngine` (`kvpipe.processors.core.native`): each node layout's
+            spec model is registered once and kept by id, held positions go in as the sets
+            `hma.held_positions` builds, every node is searched in one call.
   "python"  `hma.hybrid_hit` per node.
 
-"native" is the default when the extension imports; tests/property/test_native_hit.py holds the two
-equal. A layout the native engine does not model (one `kvpipe.gpu.hit` refuses: chunked local attention off
-its block or with EAGLE, Mamba outside align mode, no prefix-cacheable group) is searched by the
-reference, so its error reaches the node's row unchanged.
+"native" is the default when the native core runs; tests/property/test_native_hit.py holds the two
+equal. A spec group goes to the native engine as its hit rule's code (`kvpipe.gpu.finders.HitRule.name`
+looked up in `HitEngine.RULES`, which the crate builds from native/src/hit_rules.toml) and the rule's
+one parameter. A layout the native engine does not model (a rule it lacks, or one `kvpipe.gpu.hit`
+refuses: chunked local attention off its block or with EAGLE, Mamba outside align mode, no
+prefix-cacheable group) is searched by the reference, so its error reaches the node's row unchanged.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from typing import Literal, NamedTuple
 
-from kvpipe.gpu.hit import is_fine_grained, split_spec_groups, supports_fine_grained
-from kvpipe.gpu.specs import ChunkedLocal, FullAttention, Mamba, SlidingWindow
+from kvpipe.gpu.finders import is_fine_grained, refusal, supports_fine_grained
+from kvpipe.gpu.hit import split_spec_groups
+from kvpipe.gpu.specs import KVSpec
+from kvpipe.processors.core import native as native_core
 from kvpipe.processors.router.hma import NodeModel, hybrid_hit
-
-try:
-    import kvpipe_native
-except ImportError:  # not built (KVPIPE_NATIVE=0, or outside infra/scripts/venv.sh): the reference only
-    kvpipe_native = None
 
 Engine = Literal["native", "python"]
 ENGINES: tuple[Engine, ...] = ("native", "python")
 _LAYOUT_CACHE_MAX = 65_536  # (model object, searched groups) pairs kept: about one per node
-_UNSET = object()
 
 
 class Job(NamedTuple):
@@ -38,7 +36,7 @@ class Job(NamedTuple):
     model: NodeModel
     groups: tuple[int, ...]
     lens: tuple[int, ...]
-    sets: Sequence[set[int]]
+    sets: Sequence[Set[int]]
     cap: int
 
 
@@ -50,7 +48,7 @@ class Hit(NamedTuple):
 
 
 def native_available() -> bool:
-    return kvpipe_native is not None
+    return native_core.engine() == "native"
 
 
 def default_engine() -> Engine:
@@ -70,7 +68,9 @@ class HitSearch:
         if engine not in ENGINES:
             raise ValueError(f"hit search engine must be one of {ENGINES}, got {engine!r}")
         self.engine: Engine = engine if engine == "python" or native_available() else "python"
-        self._native = kvpipe_native.HitEngine() if self.engine == "native" else None
+        self._native = native_core.hit_engine() if self.engine == "native" else None
+        # the native code of each hit rule, by the rule's name (native/src/hit_rules.toml, built in)
+        self._codes: dict[str, int] = dict(self._native.RULES) if self._native is not None else {}
         self._layouts: dict[tuple, tuple[NodeModel, _NativeLayout | None]] = {}
         self._by_value: dict[tuple, _NativeLayout | None] = {}  # equal layouts share one native model
 
@@ -87,7 +87,7 @@ class HitSearch:
                 native.append((i, layout))
         if native:
             lens: list[int] = []
-            sets: list[set[int]] = []
+            sets: list[Set[int]] = []
             caps, hashed = [], []
             for i, layout in native:
                 job = jobs[i]
@@ -124,46 +124,51 @@ class HitSearch:
             self._layouts.clear()  # node models come and go: drop the identities, keep the native models
             if len(self._by_value) >= _LAYOUT_CACHE_MAX // 16:  # many distinct layouts: start afresh
                 self._by_value.clear()
-                self._native = kvpipe_native.HitEngine()
-        by_value = self._by_value.get((job.model, job.groups), _UNSET)
-        layout = self._register(job.model, job.groups) if by_value is _UNSET else by_value
-        self._by_value[(job.model, job.groups)] = layout
+                self._native = native_core.hit_engine()
+        value = (job.model, job.groups)
+        try:
+            layout = self._by_value[value]
+        except KeyError:
+            layout = self._register(job.model, job.groups)
+        self._by_value[value] = layout
         self._layouts[key] = (job.model, layout)
         return layout
 
     def _register(self, model: NodeModel, groups: tuple[int, ...]) -> _NativeLayout | None:
-        specs = [model.spec_of(g) for g in groups]
+        specs = _specs(model, groups)
         try:
-            spec_groups = split_spec_groups(specs, model.eagle_positions(groups))  # type: ignore[arg-type]
+            spec_groups = split_spec_groups(specs, model.eagle_positions(groups))
         except ValueError:
             return None
-        args = []
+        args: list[tuple[int, int, int, bool, list[int]]] = []
         for sg in spec_groups:
-            s = sg.spec
-            if isinstance(s, FullAttention):
-                args.append((0, s.block_size, 0, sg.eagle, list(sg.group_ids)))
-            elif isinstance(s, SlidingWindow):
-                args.append((1, s.block_size, s.sliding_window, sg.eagle, list(sg.group_ids)))
-            elif isinstance(s, Mamba) and s.mode == "align":
-                args.append((2, s.block_size, 0, sg.eagle, list(sg.group_ids)))
-            elif isinstance(s, ChunkedLocal) and not sg.eagle and s.block_size == model.alignment:
-                args.append((3, s.block_size, s.attention_chunk_size, False, list(sg.group_ids)))
-            else:
-                return None  # the reference raises the reason
+            s, rule = sg.spec, sg.rule
+            code = self._codes.get(rule.name)
+            if code is None or refusal(s, sg.eagle, model.alignment) is not None:
+                return None  # a rule the native engine lacks, or one the reference refuses (with the reason)
+            args.append((code, s.block_size, rule.param(s), sg.eagle, list(sg.group_ids)))
         assert self._native is not None
         lid = self._native.add_layout(len(groups), args, model.alignment)
         # kvpipe.gpu.hit.GroupViews.num_tokens: a fine-grained group's list is at the hash unit
-        fine_unit = any(supports_fine_grained(s) and is_fine_grained(s.block_size, model.alignment)  # type: ignore[union-attr]
-                        for s in specs)
-        units = tuple(model.alignment if fine_unit and is_fine_grained(s.block_size, model.alignment)  # type: ignore[union-attr]
-                      and supports_fine_grained(s) else s.block_size for s in specs)  # type: ignore[union-attr]
+        fine_unit = any(supports_fine_grained(s) and is_fine_grained(s.block_size, model.alignment) for s in specs)
+        units = tuple(model.alignment if fine_unit and is_fine_grained(s.block_size, model.alignment)
+                      and supports_fine_grained(s) else s.block_size for s in specs)
         return _NativeLayout(lid, units)
+
+
+def _specs(model: NodeModel, groups: Sequence[int]) -> list[KVSpec]:
+    """The specs of `groups`, which callers take from the node's own groups."""
+    specs = [model.spec_of(g) for g in groups]
+    missing = [g for g, s in zip(groups, specs) if s is None]
+    if missing:
+        raise ValueError(f"groups {missing} are not the node's (its groups: {list(model.groups)})")
+    return [s for s in specs if s is not None]
 
 
 def _reference(job: Job) -> Hit | str:
     lists = {g: range(n) for g, n in zip(job.groups, job.lens)}
     try:
-        hh = hybrid_hit(job.model, job.groups, lists, job.sets, job.cap)  # type: ignore[arg-type]
+        hh = hybrid_hit(job.model, job.groups, lists, job.sets, job.cap)
     except ValueError as exc:
         return str(exc)
     return Hit(hh.length, tuple(_span(m) for m in hh.masks))

@@ -11,11 +11,11 @@ never another pass over the index.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set, Sized
 
 import msgspec
 
-from kvpipe.gpu.hit import longest_hybrid_hit_in_views
+from kvpipe.gpu.hit import HybridHit, longest_hybrid_hit_in_views
 from kvpipe.gpu.layout import NodeLayout, node_layout
 from kvpipe.processors.core.index import Index, NodeState
 from kvpipe.schemas.events import ExternalHash
@@ -100,13 +100,16 @@ def whole_blocks(model: NodeModel, group: int, positions: Iterable[int]) -> set[
     return {p // k for p in positions if p % k == k - 1}
 
 
-def hybrid_hit(model: NodeModel, groups: Sequence[int], lists: dict[int, list], sets: Sequence[set[int]],
-               cap: int):
+def hybrid_hit(model: NodeModel, groups: Sequence[int], lists: Mapping[int, Sized], sets: Sequence[Set[int]],
+               cap: int) -> HybridHit:
     """`kvpipe.gpu.hit`'s hybrid hit for a node on positions: `lists[g]` at the unit `model.list_unit(g)`,
     `sets[k]` the positions of `groups[k]` the node holds. The one rule, with EAGLE and partial hits."""
     specs = [model.spec_of(g) for g in groups]
+    missing = [g for g, s in zip(groups, specs) if s is None]
+    if missing:
+        raise ValueError(f"groups {missing} are not the node's (its groups: {list(model.groups)})")
     positions = [range(len(lists[g])) for g in groups]
-    return longest_hybrid_hit_in_views(specs, positions, sets, cap, model.alignment,  # type: ignore[arg-type]
+    return longest_hybrid_hit_in_views([s for s in specs if s is not None], positions, sets, cap, model.alignment,
                                        eagle_groups=model.eagle_positions(groups))
 
 

@@ -105,7 +105,7 @@ class InFlight:
             cls = ev.__class__
             if cls is AllBlocksCleared:
                 self._clear_node(node)
-            elif cls is BlockStored or cls is BlockRemoved:
+            elif isinstance(ev, (BlockStored, BlockRemoved)):
                 per = node.groups.get(ev.group_idx or 0)
                 if per:
                     for h in ev.block_hashes:

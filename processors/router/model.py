@@ -11,14 +11,15 @@ decodes the answer into these classes rather than poking at dicts.
 """
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Final, Literal, Union
 
 import msgspec
 
+from kvpipe.processors.core.answers import ErrorBody  # the 4xx body of both apps, named here for the router's users
 from kvpipe.schemas.envelope import HashConfig
 
-HMA = "hma"
-PREFIX_PER_GROUP = "prefix-per-group"
+HMA: Final = "hma"  # Final: typed as its literal, so it is a `Semantics` default
+PREFIX_PER_GROUP: Final = "prefix-per-group"
 Semantics = Literal["hma", "prefix-per-group"]
 
 # Node states in an answer. live: applied in order, recent; suspect: the index may miss some of
@@ -163,6 +164,13 @@ class SentForward(msgspec.Struct, forbid_unknown_fields=True):
     request: RouteRequest
 
 
+class Recorded(msgspec.Struct):
+    """Worker to worker: the answer of `POST /route/sent?local=1` and `/route/finished?local=1`, whether this
+    worker held the node (sent) or the request (finished) and so recorded it."""
+
+    recorded: bool
+
+
 class SentReport(msgspec.Struct, forbid_unknown_fields=True):
     """"Request R was sent to node N" — for requests routed without `request_id`, or elsewhere."""
 
@@ -173,11 +181,6 @@ class SentReport(msgspec.Struct, forbid_unknown_fields=True):
 
 class FinishedReport(msgspec.Struct, forbid_unknown_fields=True):
     request_id: str
-
-
-class ErrorBody(msgspec.Struct):
-    error: str
-    detail: str | None = None
 
 
 class RouteError(ValueError):

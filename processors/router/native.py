@@ -24,19 +24,17 @@ from collections.abc import Callable
 
 import msgspec
 
+from kvpipe.processors.core import native
 from kvpipe.processors.core.index import Index, NodeState
+from kvpipe.processors.core.slots import NativeStore
 from kvpipe.processors.router.hma import NodeModel
 from kvpipe.processors.router.hashing import _hasher, config_key
-from kvpipe.processors.router.hits import HitSearch, kvpipe_native
+from kvpipe.processors.router.hits import HitSearch
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.processors.router.model import GroupHit, HashConfigUsed, NodeRoute
 from kvpipe.processors.router.plan import Plan, plan
 
 _encode = msgspec.json.encode
-
-
-def available() -> bool:
-    return kvpipe_native is not None and hasattr(kvpipe_native, "NativeRouter")
 
 
 def _head(struct: msgspec.Struct, cut: str) -> str:
@@ -50,10 +48,13 @@ class NativeRoute:
 
     def __init__(self, index: Index, search: HitSearch, stale_after_s: float | None,
                  serves_all: Callable[[], bool] = lambda: True) -> None:
-        if not available() or index.store.kind != "native":
-            raise RuntimeError("the native route path needs the native extension and the native index store")
-        self.index, self.search, self.stale_after_s, self.serves_all = index, search, stale_after_s, serves_all
-        self.router = kvpipe_native.NativeRouter(index.store.core)  # type: ignore[union-attr]
+        store = index.store
+        if not isinstance(store, NativeStore):
+            native.require("the native route path")  # says why the Python engine runs, if it does
+            raise RuntimeError("the native route path needs the native index store (index_store=native)")
+        self.index, self.store, self.search, self.stale_after_s = index, store, search, stale_after_s
+        self.serves_all = serves_all
+        self.router = store.router()
         self.exported: int | None = None  # the generation of the plan the native side holds
         self.servable = False  # that plan's cohorts all take the native path
         self.why_not = "no plan exported yet"
@@ -71,9 +72,8 @@ class NativeRoute:
         `seen`: a count that moves whenever a message is handled (the ingest's); while it holds still no node's
         state can have changed, and the push is skipped."""
         self.last_refresh = time.monotonic()
-        index = self.index
-        store = index.store
-        if self.exported != index.generation or self._media != len(store.media):  # type: ignore[union-attr]
+        index, store = self.index, self.store
+        if self.exported != index.generation or self._media != len(store.media):
             self._export()
         elif seen is None or seen != self._seen:
             self.router.set_live([_live(n) for n in self._nodes])
@@ -93,12 +93,10 @@ class NativeRoute:
     # -- the plan ----------------------------------------------------------------------------------------
 
     def _export(self) -> None:
-        index, search = self.index, self.search
-        store = index.store
+        index, store, search = self.index, self.store, self.search
         planned = plan(index, None)
-        self.exported, self._media = planned.generation, len(store.media)  # type: ignore[union-attr]
-        got = (_plan_args(planned, search) if len(store.media) < kvpipe_native.MEDIA_BITS  # type: ignore[union-attr]
-               else "more media than the answer's mask has bits")
+        self.exported, self._media = planned.generation, len(store.media)
+        got = _plan_args(planned, search) if store.masks_media() else "more media than the answer's mask has bits"
         if isinstance(got, str):
             self.servable, self.why_not = False, got
             self._nodes = []
@@ -113,7 +111,7 @@ class NativeRoute:
         self.router.set_plan(planned.generation, engine, configs, cohorts,
                              [(n.node_id, _head(_row(n), "state")) for n in nodes],
                              _encode(no_signal).decode(), _encode(model).decode(),
-                             list(store.media_rank()), list(store.media), stale,  # type: ignore[union-attr]
+                             list(store.media_rank()), list(store.media), stale,
                              [_live(n) for n in nodes])
         self.servable, self.why_not = True, ""
 

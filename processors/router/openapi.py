@@ -1,13 +1,13 @@
-"""`/openapi.json` for the router endpoints, generated from the Structs in `kvpipe.processors.router.model`
-(`msgspec.json.schema_components`), so the document cannot drift from what the server decodes and
-the client reads. The examples are built from the Structs too, and a test decodes each one back.
+"""The router endpoints' part of the routing app's `/openapi.json` (the whole document:
+`kvpipe.processors.routing.apidoc`): their paths, with schemas generated from the Structs in
+`kvpipe.processors.router.model` (`kvpipe.processors.core.apidoc`), so the document cannot drift from what the
+server decodes and the client reads. The examples are built from the Structs too, and a test decodes each one back.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
+from kvpipe.processors.core.apidoc import JsonObject, answer, body, document as assemble, errors, openapi_path
 from kvpipe.processors.router.model import (
     ErrorBody,
     FinishedReport,
@@ -22,9 +22,6 @@ from kvpipe.processors.router.model import (
     SentReport,
 )
 from kvpipe.schemas.envelope import HashConfig
-
-OPENAPI_VERSION = "3.1.0"
-_REF = "#/components/schemas/{name}"
 
 REQUEST_EXAMPLES: dict[str, RouteRequest] = {
     "token_ids": RouteRequest(token_ids=[151644, 872, 198, 3838, 374, 279, 6722, 315, 9625, 30]),
@@ -54,68 +51,48 @@ ERROR_EXAMPLE = ErrorBody("block hashes do not fit the groups",
                           "of that group)")
 
 
-def _json(obj: Any) -> Any:
-    return msgspec.to_builtins(obj)
+# the Structs the paths below name; the document's components are generated from them
+TYPES: tuple[type, ...] = (RouteRequest, RouteAnswer, SentReport, FinishedReport)
 
 
-def _body(name: str, examples: dict[str, Any] | None = None) -> dict:
-    media: dict[str, Any] = {"schema": {"$ref": _REF.format(name=name)}}
-    if examples:
-        media["examples"] = {k: {"value": _json(v)} for k, v in examples.items()}
-    return {"content": {"application/json": media}}
+def _errors() -> JsonObject:
+    return errors(400, 401, 413, examples={400: {"wrong_block_size": ERROR_EXAMPLE}})
 
 
-def _errors() -> dict:
-    err = {"description": "bad request: the reason says which field or group and what was expected",
-           **_body("ErrorBody", {"wrong_block_size": ERROR_EXAMPLE})}
-    return {"400": err, "401": {"description": "missing or wrong bearer token", **_body("ErrorBody")},
-            "413": {"description": "request too large", **_body("ErrorBody")}}
-
-
-def document(title: str = "kvpipe router", version: str = "2") -> dict:
-    """The OpenAPI 3.1 document (a plain dict, JSON-ready)."""
-    _, components = msgspec.json.schema_components(
-        [RouteRequest, RouteAnswer, SentReport, FinishedReport, ErrorBody], ref_template=_REF)
+def paths() -> JsonObject:
+    """`/route`, `/route/sent` and `/route/finished` (OpenAPI path items, JSON-ready)."""
     done = {"204": {"description": "recorded"}}
     return {
-        "openapi": OPENAPI_VERSION,
-        "info": {"title": title, "version": version,
-                 "description": "Which serving node holds a prompt's KV cache blocks, vLLM's hybrid hit per node, "
-                                "and a choice that weighs that against load."},
-        "security": [{"bearer": []}],
-        "paths": {
-            "/route": {"post": {
-                "operationId": "route",
-                "summary": "Score the nodes for a prompt and choose one",
-                "requestBody": {"required": True, **_body("RouteRequest", REQUEST_EXAMPLES)},
-                "responses": {"200": {"description": "per-node hits, scores and the chosen node",
-                                      **_body("RouteAnswer", {"answer": ANSWER_EXAMPLE})}, **_errors()}}},
-            "/route/sent": {"post": {
-                "operationId": "route_sent",
-                "summary": "Report a request sent to a node (in-flight accounting)",
-                "requestBody": {"required": True, **_body("SentReport", {
-                    "sent": SentReport("req-43", "node-a", [151644, 872, 198])})},
-                "responses": {**done, **_errors(),
-                              "404": {"description": "no worker's index holds that node (not published yet, "
-                                                     "expired, or no usable group specs / hash configuration)",
-                                      **_body("ErrorBody")}}}},
-            "/route/finished": {"post": {
-                "operationId": "route_finished",
-                "summary": "Report a request finished (it leaves the node's load)",
-                "requestBody": {"required": True, **_body("FinishedReport", {"finished": FinishedReport("req-42")})},
-                "responses": {**done, **_errors()}}},
-            "/openapi.json": {"get": {
-                "operationId": "openapi", "summary": "This document", "security": [],
-                "responses": {"200": {"description": "OpenAPI 3.1",
-                                      "content": {"application/json": {"schema": {"type": "object"}}}}}}},
-        },
-        "components": {
-            "schemas": components,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        },
+        "/route": {"post": {
+            "operationId": "route",
+            "summary": "Score the nodes for a prompt and choose one",
+            "requestBody": {"required": True, **body("RouteRequest", REQUEST_EXAMPLES)},
+            "responses": {"200": answer("per-node hits, scores and the chosen node", "RouteAnswer",
+                                        {"answer": ANSWER_EXAMPLE}), **_errors()}}},
+        "/route/sent": {"post": {
+            "operationId": "route_sent",
+            "summary": "Report a request sent to a node (in-flight accounting)",
+            "requestBody": {"required": True, **body("SentReport", {
+                "sent": SentReport("req-43", "node-a", [151644, 872, 198])})},
+            "responses": {**done, **_errors(),
+                          **errors(404, descriptions={404: "no worker's index holds that node (not published yet, "
+                                                           "expired, or no usable group specs / hash configuration)"})}}},
+        "/route/finished": {"post": {
+            "operationId": "route_finished",
+            "summary": "Report a request finished (it leaves the node's load)",
+            "requestBody": {"required": True, **body("FinishedReport", {"finished": FinishedReport("req-42")})},
+            "responses": {**done, **_errors()}}},
     }
 
 
+def document(title: str = "kvpipe router", version: str = "2") -> JsonObject:
+    """A document of the router endpoints alone (and `/openapi.json`), for a server that serves only those
+    (the client's tests); the routing app serves `kvpipe.processors.routing.apidoc`'s, which holds these paths."""
+    return assemble(title=title, version=version, paths={**paths(), "/openapi.json": openapi_path()}, types=TYPES,
+                    description="Which serving node holds a prompt's KV cache blocks, vLLM's hybrid hit per node, "
+                                "and a choice that weighs that against load.")
+
+
 def encoded() -> bytes:
-    """The document as JSON bytes, for the server to serve as is."""
+    """`document()` as JSON bytes."""
     return msgspec.json.encode(document())

@@ -10,13 +10,16 @@ whose hashes cannot be computed for this prompt turns its nodes into no-signal r
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvpipe.processors.core.index import Index, NodeState
 from kvpipe.processors.router.hma import NodeModel, node_model
 from kvpipe.processors.router.hashing import config_key, layout_mismatch
 from kvpipe.processors.router.model import NoSignal
 from kvpipe.schemas.envelope import GroupSpec, HashConfig
+
+if TYPE_CHECKING:
+    from kvpipe.processors.router.rows import Zero
 
 Member = tuple[NodeState, NodeModel]
 
@@ -49,16 +52,15 @@ class Plan(NamedTuple):
     # `rows.zero_shape` by what it reads (the model, its requested groups' list lengths, the token
     # count, the request's form and semantics), kept while the plan holds: models live as long
     # as the plan, so their ids are not reused meanwhile (`decide._shape`)
-    zeros: dict[tuple, object]
+    zeros: dict[tuple, Zero]
 
 
 def plan(index: Index, model: str | None) -> Plan:
     """The index's plan for requests of `model`, reused while the index's generation holds."""
-    cached: Plan | None = getattr(index, "_route_plan", None)
-    if cached is not None and cached.generation == index.generation and cached.model == model:
+    cached = index.route_plan
+    if isinstance(cached, Plan) and cached.generation == index.generation and cached.model == model:
         return cached
-    made = _make(index, model)
-    index._route_plan = made  # type: ignore[attr-defined]
+    made = index.route_plan = _make(index, model)
     return made
 
 
@@ -101,8 +103,8 @@ def _make(index: Index, model: str | None) -> Plan:
     for node, m in eligible:
         sizes = {g: s.block_size for g, s in zip(m.groups, m.specs)}
         fine = tuple(g for g in m.groups if m.searched_at_unit(g))
-        key = (tuple(sorted(sizes.items())), fine, m.hash_block_size if fine else 0)
-        by_layout.setdefault(key, (sizes, []))[1].append((node, m))
+        layout = (tuple(sorted(sizes.items())), fine, m.hash_block_size if fine else 0)
+        by_layout.setdefault(layout, (sizes, []))[1].append((node, m))
     return Plan(index.generation, model, no_signal, eligible, by_config, config_problems,
                 {n.model for n, _ in eligible}, by_layout, {})
 

@@ -5,7 +5,7 @@ shared by every such node of one model (`zero_shape`, `zero_row`): the same rule
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from typing import NamedTuple
 
 import msgspec
@@ -14,7 +14,8 @@ from kvpipe.processors.core.index import GPU, NodeState
 from kvpipe.processors.router.hma import Held, NodeModel, block_positions, whole_blocks
 from kvpipe.processors.router.hits import Hit
 from kvpipe.processors.router.inflight import InFlight
-from kvpipe.processors.router.model import PREFIX_PER_GROUP, GroupHit, Load, NodeRoute, RouteRequest, Scoring
+from kvpipe.processors.router.model import (PREFIX_PER_GROUP, GroupHit, Load, NodeRoute, NodeStateName, RouteRequest,
+                                            Scoring)
 from kvpipe.schemas.events import ExternalHash
 
 Lists = dict[int, list[ExternalHash]]
@@ -44,9 +45,9 @@ class Pending:
                  "jobs")
 
     def __init__(self, node: NodeState, model: NodeModel, lists: Lists, held: Held, groups: tuple[int, ...],
-                 specs: list, cap: int, num_tokens: int | None, exact: bool, reason: str | None, state: str,
-                 state_reason: str | None, spec: dict, real_any: list[set[int]], gpu_sets: list[set[int]],
-                 any_sets: list[set[int]]) -> None:
+                 specs: list, cap: int, num_tokens: int | None, exact: bool, reason: str | None,
+                 state: NodeStateName, state_reason: str | None, spec: dict, real_any: Sequence[Set[int]],
+                 gpu_sets: Sequence[Set[int]], any_sets: Sequence[Set[int]]) -> None:
         self.node, self.model, self.lists, self.held, self.groups, self.specs = node, model, lists, held, groups, specs
         self.lens = tuple(len(lists[g]) for g in groups)
         self.cap, self.num_tokens, self.exact, self.reason = cap, num_tokens, exact, reason
@@ -62,7 +63,7 @@ class Zero(NamedTuple):
     groups: list[GroupHit]
     exact: bool
     reason: str | None
-    state: str  # "live" or "partial", before suspect / stale
+    state: NodeStateName  # "live" or "partial", before suspect / stale
     state_reason: str | None
     num_tokens: int | None
 
@@ -96,8 +97,8 @@ def zero_rank(z: Zero, node: NodeState, scoring: Scoring, load: Load, now: float
 TIER = {"live": 0, "partial": 0, "stale": 1, "suspect": 2}  # rows rank by state first (`decide._rank`)
 
 
-def liveness(node: NodeState, state: str, state_reason: str | None, now: float,
-              stale_after_s: float | None) -> tuple[str, str | None]:
+def liveness(node: NodeState, state: NodeStateName, state_reason: str | None, now: float,
+              stale_after_s: float | None) -> tuple[NodeStateName, str | None]:
     """A suspect node, else a silent one, overrides the state ("live" or "partial") and its reason."""
     if node.suspect:
         return "suspect", node.reason
@@ -112,7 +113,8 @@ def prepare(node: NodeState, model: NodeModel, lists: Lists, held: Held, num_tok
     groups = [g for g in model.groups if g in lists]
     specs = [s for g, s in zip(model.groups, model.specs) if g in lists]
     exact, reason = True, None
-    state, state_reason = "live", None
+    state: NodeStateName = "live"
+    state_reason: str | None = None
     if len(groups) < len(model.groups):
         left_out = [g for g in model.groups if g not in lists]
         state, exact = "partial", False
@@ -184,10 +186,10 @@ def node_row(p: Pending, hits: Sequence[Hit | str], req: RouteRequest, scoring: 
             left.difference_update(gpu_slots)
             if len(left) < len(used):
                 media.append(GPU)
-            for hm, p in off_gpu:
+            for hm, positions in off_gpu:
                 if not left:
                     break
-                found = left.intersection(p)
+                found = left.intersection(positions)
                 if found:
                     media.append(hm)
                     left -= found

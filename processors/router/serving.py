@@ -86,7 +86,7 @@ def merge_local(answers: Sequence[LocalRouteAnswer], expected: Iterable[int]) ->
     for i, answer in enumerate(answers):
         for p in answer.partitions:
             owner.setdefault(p, i)
-    parts = []
+    parts: list[RouteAnswer] = []
     for i, a in enumerate(answers):
         mine = {n for n, p in a.node_partitions.items() if owner.get(p) == i}
         parts.append(msgspec.structs.replace(a, nodes=[r for r in a.nodes if r.node_id in mine],

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from kvpipe.processors.core import rebalance
 from kvpipe.processors.routing.app import app, batch_handlers, settings
@@ -11,6 +12,8 @@ from kvpipe.processors.core.durability import SnapshotProducer
 from kvpipe.processors.core.index import APPLIED, REFUSED
 from kvpipe.processors.core.ingest import DLQ, dlq_record
 from kvpipe.processors.core.lograte import RateLimitedLog
+from kvpipe.processors.core.outcomes import Result
+from kvpipe.processors.core.signals import connect
 from kvpipe.processors.routing.state import runtime
 from kvpipe.processors.routing.topics import dlq_topic, events_topic
 from kvpipe.schemas.codec import DecodeError
@@ -38,13 +41,13 @@ async def ingest(stream) -> None:
             runtime.agent_errors += 1
             await send_to_dlq(msg, DecodeError("internal", f"{type(exc).__name__}: {exc}"))
             continue
-        if result.outcome == APPLIED:
+        # an applied or refused result carries its envelope, a DLQ one its error (the None checks say so to mypy)
+        if result.outcome == APPLIED and result.env is not None:
             runtime.metrics.observe_applied(result.env.sent_ts, result.env.ts, now)
-        elif result.outcome == DLQ:
+        elif result.outcome == DLQ and result.error is not None:
             await send_to_dlq(msg, result.error)
-        elif result.outcome == REFUSED:  # counted in /stats; the log only says it is happening
-            _rate_log.emit("node-cap", logging.WARNING, "node %r refused: %s node ids tracked (max_nodes), none expired",
-                           result.env.node_id[:128], len(runtime.index.nodes))
+        elif result.outcome == REFUSED:
+            _log_refused(result)
 
 
 async def ingest_batch(records, still_current) -> int:
@@ -57,9 +60,8 @@ async def ingest_batch(records, still_current) -> int:
     while done < total:
         batch = ingest_.handle_batch(records[done:] if done else records)
         runtime.metrics.observe_published(batch.published, time.time())  # routable from now on
-        for result in batch.refused:  # counted in /stats; the log only says it is happening
-            _rate_log.emit("node-cap", logging.WARNING, "node %r refused: %s node ids tracked (max_nodes), none expired",
-                           result.env.node_id[:128], len(runtime.index.nodes))
+        for result in batch.refused:
+            _log_refused(result)
         done += batch.handled
         msg = records[done - 1]
         if batch.failed is not None:  # a bug, not bad input: keep the message, keep going
@@ -67,7 +69,7 @@ async def ingest_batch(records, still_current) -> int:
                            msg.topic, msg.partition, msg.offset, exc_info=batch.failed)
             runtime.agent_errors += 1
             await send_to_dlq(msg, DecodeError("internal", f"{type(batch.failed).__name__}: {batch.failed}"))
-        elif batch.dlq is not None:
+        elif batch.dlq is not None and batch.dlq.error is not None:
             await send_to_dlq(msg, batch.dlq.error)
         else:
             continue
@@ -82,6 +84,13 @@ batch_handlers[settings.events_topic] = ingest_batch
 _rate_log = RateLimitedLog(log)
 
 
+def _log_refused(result: Result) -> None:
+    """A new node id past `max_nodes`: counted in /stats; the log only says it is happening."""
+    node_id = result.env.node_id[:128] if result.env is not None else "?"
+    _rate_log.emit("node-cap", logging.WARNING, "node %r refused: %s node ids tracked (max_nodes), none expired",
+                   node_id, len(runtime.index.nodes))
+
+
 async def send_to_dlq(msg, error: DecodeError) -> None:
     """Never raises: a DLQ the broker refuses (or cannot reach) must not stop the index."""
     value, headers = dlq_record(msg.value, error, msg.topic, msg.partition, msg.offset,
@@ -89,13 +98,20 @@ async def send_to_dlq(msg, error: DecodeError) -> None:
     try:
         # force=True: send now, not when the offset commits (offset commits mean little here).
         key = msg.key if msg.key is None or len(msg.key) <= 1024 else msg.key[:1024]
-        fut = await dlq_topic.send(key=key, value=value, force=True, headers=headers)
+        sent = await dlq_topic.send(key=key, value=value, force=True, headers=headers)
     except Exception as exc:
         _dlq_failed(msg, error, exc)
         return
+
+    def refused(f: asyncio.Future[Any]) -> None:
+        failure = None if f.cancelled() else f.exception()
+        if failure is not None:
+            _dlq_failed(msg, error, failure)
+
     # Not awaited (a flood of bad input must not run at one broker round trip per message):
-    # a refusal arrives on the future and is counted there.
-    fut.add_done_callback(lambda f: f.cancelled() or f.exception() is None or _dlq_failed(msg, error, f.exception()))
+    # a refusal arrives on the future and is counted there. Faust declares an Awaitable; the producer hands
+    # back its asyncio Future, which ensure_future returns as is (typed as the Future it is).
+    asyncio.ensure_future(sent).add_done_callback(refused)
 
 
 def _dlq_failed(msg, error: DecodeError, exc: BaseException) -> None:
@@ -156,8 +172,8 @@ async def _snapshot_revoked(partitions: list[int]) -> None:
 rebalance.connect(app, runtime.durability, runtime.ingest, settings.events_topic, _snapshot_revoked)
 
 
-@app.on_before_shutdown.connect
-async def snapshot_on_shutdown(app, **kwargs) -> None:
+@connect(app.on_before_shutdown)
+async def snapshot_on_shutdown(app: Any, *args: Any, **kwargs: Any) -> None:
     try:
         await runtime.durability.snapshot(snapshot_producer, sorted(runtime.ingest.applied_offset), flush_side_effects)
     except Exception:

@@ -1,24 +1,27 @@
-"""The HTTP API's logic as plain functions: `/nodes` paging and answers (the router endpoints'
+"""The HTTP API's logic as plain functions: `/nodes` paging and rows (the router endpoints'
 logic is `kvpipe.processors.router.serving`; metrics are `kvpipe.processors.routing.metrics`).
 
 `views` only moves bytes between aiohttp and these functions, so every rule here is testable
-without a server. Bad input raises `ApiError` (→ a 4xx JSON body `{"error", "detail"}`).
+without a server. Rows are the Structs of `kvpipe.processors.routing.answers`. Bad input raises
+`ApiError` (→ a 4xx JSON body `{"error", "detail"}`).
 """
 from __future__ import annotations
 
 import heapq
-from typing import Mapping
+from typing import Iterable, Mapping, get_args
+
+import msgspec
 
 from kvpipe.processors.core.httpbody import ApiError
-from kvpipe.processors.core.index import Index, NodeState, partial_fields
+from kvpipe.processors.core.index import Index, NodeState
+from kvpipe.processors.routing.answers import NodeGroup, NodeHealth, NodeLoad, NodeRow, PartialSince
 
-
-NODE_STATES = ("healthy", "partial", "suspect", "expired")
+NODE_STATES: tuple[NodeHealth, ...] = get_args(NodeHealth)
 NODES_PAGE_DEFAULT = 1000
 NODES_PAGE_MAX = 10_000
 
 
-def node_state(node: NodeState) -> str:
+def node_state(node: NodeState) -> NodeHealth:
     if node.expired:
         return "expired"
     if node.suspect:
@@ -43,43 +46,50 @@ def parse_nodes_query(query: Mapping[str, str]) -> tuple[int, str | None, str | 
 
 
 def node_rows(index: Index, now: float, limit: int | None = None, after: str | None = None,
-              state: str | None = None) -> list[dict]:
+              state: str | None = None) -> list[NodeRow]:
     """Rows of the nodes with id > `after` in `state` (all when None), in id order, at most `limit`
     (a heap, not a sort of every node: a page costs O(n log limit))."""
     chosen = (n for n in index.nodes.values()
               if (after is None or n.node_id > after) and (state is None or node_state(n) == state))
-    key = lambda n: n.node_id  # noqa: E731
-    nodes = sorted(chosen, key=key) if limit is None else heapq.nsmallest(limit, chosen, key=key)
-    rows = []
-    for node in nodes:
-        rows.append({
-            "node_id": node.node_id,
-            "epoch": node.epoch,
-            "seq": node.seq,
-            "model": node.model,
-            "dp_rank": node.dp_rank,
-            "partition": node.partition,
-            "state": node_state(node),
-            "last_seen": node.last_seen,
-            "silent_s": round(max(0.0, now - node.last_seen), 3),
-            "expired": node.expired,
-            "suspect": node.suspect,
-            "suspect_reason": node.reason or None,
-            **partial_fields(node),
-            "clock_skew_s": round(node.skew_s, 3),
-            # the latest (running, waiting, kv_usage) it reported, as the router's score reads it
-            "load": dict(zip(("running", "waiting", "kv_usage"), node.load)) if node.load else None,  # largest excess over the trusted clock (clamped)
-            "groups": [{"group_idx": g.group_idx, "kind": g.kind, "block_size": g.block_size,
-                        "sliding_window": g.sliding_window} for g in node.group_specs or ()],
-            "blocks": {f"{g}/{m}": len(s.blocks) for (g, m), s in sorted(node.slots.items())},
-            "counters": dict(node.counters),
-        })
-    return rows
+    nodes = sorted(chosen, key=_node_id) if limit is None else heapq.nsmallest(limit, chosen, key=_node_id)
+    return [node_row(node, now) for node in nodes]
 
 
-def page_rows(rows: list[dict], limit: int, after: str | None, state: str | None) -> dict:
-    """One page of already-built rows (a merge of several workers' pages): `{"nodes", "next_after"}`."""
-    chosen = sorted((r for r in rows if (after is None or r["node_id"] > after) and (state is None or r.get("state") == state)),
-                    key=lambda r: r["node_id"])
+def _node_id(node: NodeState) -> str:
+    return node.node_id
+
+
+def node_row(node: NodeState, now: float) -> NodeRow:
+    since = node.partial_since
+    return NodeRow(
+        node_id=node.node_id,
+        epoch=node.epoch,
+        seq=node.seq,
+        model=node.model,
+        dp_rank=node.dp_rank,
+        partition=node.partition,
+        state=node_state(node),
+        last_seen=node.last_seen,
+        silent_s=round(max(0.0, now - node.last_seen), 3),
+        expired=node.expired,
+        suspect=node.suspect,
+        suspect_reason=node.reason or None,
+        partial=since is not None,
+        partial_since=None if since is None else PartialSince(*since),
+        clock_skew_s=round(node.skew_s, 3),
+        load=None if not node.load else NodeLoad(*node.load),
+        groups=[NodeGroup(**msgspec.structs.asdict(g)) for g in node.group_specs or ()],
+        blocks={f"{g}/{m}": len(s.blocks) for (g, m), s in sorted(node.slots.items())},
+        counters=dict(node.counters),
+    )
+
+
+def page_rows(rows: Iterable[NodeRow], limit: int, after: str | None, state: str | None,
+              more: bool = False) -> tuple[list[NodeRow], str | None]:
+    """One page of already-built rows (a merge of several workers' pages): `(rows, next_after)`,
+    `next_after` None on the last page. `more`: rows past these exist although not given (a worker's own page
+    was cut at `limit`; its rows past the cut all sort after this page's last, which holds that worker's whole page)."""
+    chosen = sorted((r for r in rows if (after is None or r.node_id > after) and (state is None or r.state == state)),
+                    key=lambda r: r.node_id)
     page = chosen[:limit]
-    return {"nodes": page, "next_after": page[-1]["node_id"] if len(chosen) > limit else None}
+    return page, page[-1].node_id if page and (len(chosen) > limit or more) else None

@@ -152,6 +152,7 @@ def route(tokens: str | None, hashes: str | None, body_file: str | None, group: 
             with open(body_file, "rb") as f:
                 req = decode_request(f.read())
         else:
+            assert hashes is not None  # the one source given (checked above)
             req = RouteRequest(block_hashes={group: [_hash_arg(h) for h in hashes.split(",") if h.strip()]})
     except (OSError, ValueError) as exc:  # RouteError is a ValueError: a bad --file body
         raise click.UsageError(str(exc)) from None

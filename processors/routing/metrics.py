@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, Info, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from kvpipe.processors.core import native
 from kvpipe.processors.routing.api import NODE_STATES
 
 
@@ -143,6 +144,14 @@ def stats_families(s: dict[str, Any], prefix: str = "kvpipe_processor") -> Itera
         yield GaugeMetricFamily(f"{prefix}_uptime_seconds", "time since the worker started", value=s["uptime_s"])
 
 
+def engine_info(prefix: str, registry: CollectorRegistry) -> None:
+    """`<prefix>_engine_info{engine, reason}` = 1: the native core or the Python engine (the reference) runs the index
+    and its searches, and why not native (`kvpipe.processors.core.native`); an alert can watch for "python"."""
+    status = native.status()
+    Info(f"{prefix}_engine", "the engine the index runs on (native: the native core; python: the reference) and why "
+         "not native", registry=registry).info({"engine": status.engine, "reason": status.reason})
+
+
 class ProcessorMetrics:
     """The routing app's registry: process metrics, the two histograms and (once `watch` is
     called) the `/stats` families."""
@@ -156,6 +165,7 @@ class ProcessorMetrics:
         self.freshness = Histogram(f"{prefix}_freshness_seconds",
                                    "publish to applied: worker clock at apply minus the envelope's sent_ts",
                                    buckets=FRESHNESS_BUCKETS, registry=self.registry)
+        engine_info(prefix, self.registry)
         self.prefix = prefix
 
     def watch(self, stats: Callable[[], dict[str, Any]]) -> None:

@@ -16,13 +16,16 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from kvpipe.processors.core.signals import connect
 from kvpipe.processors.routing.app import app, settings
 from kvpipe.processors.router.decide import _default_search
-from kvpipe.processors.router.native import NativeRoute, available
+from kvpipe.processors.core import native
+from kvpipe.processors.router.native import NativeRoute
 from kvpipe.processors.routing.state import expected_partitions, owned_partitions, runtime
 
 log = logging.getLogger(__name__)
@@ -33,14 +36,15 @@ class Serving:
 
     def __init__(self) -> None:
         self.route: NativeRoute | None = None
-        self.server = None
+        self.server: native.RouteServer | None = None
         self.error = ""
 
     def start(self) -> None:
         if not settings.route_port:
             return
-        if not available() or runtime.index.store.kind != "native":
-            self.error = "the native extension is not built: /route is served by the web port only"
+        if runtime.index.store.kind != "native":
+            why = native.reason() or "the index store is the Python one (index_store=python)"
+            self.error = f"{why}: /route is served by the web port only"
             log.warning("kvpipe: route_port %s set, but %s", settings.route_port, self.error)
             return
         threads = settings.route_threads or len(os.sched_getaffinity(0))
@@ -118,6 +122,6 @@ if settings.route_port:
         serving.refresh()
 
 
-@app.on_before_shutdown.connect
-async def stop_route_server(app, **kwargs) -> None:  # noqa: ARG001 - Faust's signal signature
+@connect(app.on_before_shutdown)
+async def stop_route_server(app: Any, *args: Any, **kwargs: Any) -> None:  # noqa: ARG001 - Faust's signal signature
     serving.stop()

@@ -33,15 +33,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, NamedTuple, Sequence
+
+import msgspec
 
 from kvpipe.processors.core.httpbody import ApiError
+from kvpipe.processors.routing.answers import LocalNodesPage, NodeRow
 
 PEER_TIMEOUT_S = 1.0
 LOCAL_PARAM = "local"
 
-LocalFn = Callable[[dict], dict]  # request body → local answer (route or nodes)
-PeerFn = Callable[[str, dict], Awaitable[dict]]  # (peer url, request body) → its local answer
+# (peer url, request body) → its local answer: JSON bytes both ways, each side decoding into its Structs
+PeerFn = Callable[[str, bytes], Awaitable[bytes]]
 
 
 def is_local(query: Mapping[str, str]) -> bool:
@@ -58,31 +61,31 @@ def peers(distribution: Mapping[str, Mapping[str, Sequence[int]]], topic: str, s
     return out
 
 
-def claim(answers: Sequence[dict]) -> dict[int, int]:
+def claim(answers: Sequence[LocalNodesPage]) -> dict[int, int]:
     """`partition → index of the answer it is taken from`: the first answer covering it."""
     owner: dict[int, int] = {}
     for i, answer in enumerate(answers):
-        for p in answer.get("partitions", ()):
+        for p in answer.partitions:
             owner.setdefault(p, i)
     return owner
 
 
-def _rows(answers: Sequence[dict], owner: Mapping[int, int]) -> list[dict]:
-    return [row for i, a in enumerate(answers) for row in a.get("nodes", ()) if owner.get(row.get("partition")) == i]
+class MergedNodes(NamedTuple):
+    rows: list[NodeRow]  # in node id order
+    missing: list[int]  # expected partitions no answer covered
+    # some worker's page was cut at the limit: rows past these exist even when fewer than a page are merged
+    more: bool
 
 
-def _coverage(expected: Iterable[int], owner: Mapping[int, int]) -> dict:
-    missing = sorted(set(expected) - owner.keys())
-    return {"partial": bool(missing), "missing_partitions": missing}
-
-
-def merge_nodes(answers: Sequence[dict], expected: Iterable[int]) -> dict:
+def merge_nodes(answers: Sequence[LocalNodesPage], expected: Iterable[int]) -> MergedNodes:
+    """Each partition's rows from the one answer that claims it."""
     owner = claim(answers)
-    rows = sorted(_rows(answers, owner), key=lambda r: r["node_id"])
-    return {"nodes": rows, **_coverage(expected, owner)}
+    rows = [row for i, a in enumerate(answers) for row in a.nodes if owner.get(row.partition) == i]
+    return MergedNodes(sorted(rows, key=lambda r: r.node_id), sorted(set(expected) - owner.keys()),
+                       any(a.next_after is not None for a in answers))
 
 
-async def ask_all(peer_urls: Iterable[str], body: dict, ask: PeerFn) -> list[dict]:
+async def ask_all(peer_urls: Iterable[str], body: bytes, ask: PeerFn) -> list[bytes]:
     """Local answers of the peers that answered (failures and timeouts are left out: the merge
     reports their partitions as missing; a peer's 400/413 is raised). `ask` enforces the timeout."""
     urls = list(peer_urls)
@@ -95,25 +98,35 @@ async def ask_all(peer_urls: Iterable[str], body: dict, ask: PeerFn) -> list[dic
     return [r for r in results if not isinstance(r, BaseException)]
 
 
-async def nodes(local_answer: dict, peer_urls: Iterable[str], ask: PeerFn, expected: Iterable[int]) -> dict:
-    theirs = await ask_all(peer_urls, {}, ask)
-    return merge_nodes([local_answer, *theirs], expected)
+_local_nodes_decoder = msgspec.json.Decoder(LocalNodesPage)
+
+
+async def nodes(local: LocalNodesPage, peer_urls: Iterable[str], ask: PeerFn,
+                expected: Iterable[int]) -> MergedNodes:
+    """Every worker's `/nodes` rows merged (`merge_nodes`). A peer answer that does not decode costs that
+    peer's partitions, as a peer that did not answer does."""
+    theirs = []
+    for raw in await ask_all(peer_urls, b"", ask):
+        try:
+            theirs.append(_local_nodes_decoder.decode(raw))
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            continue
+    return merge_nodes([local, *theirs], expected)
 
 
 def http_asker(session_factory: Callable[[], Any], path: str, method: str, timeout_s: float = PEER_TIMEOUT_S,
-               headers: Mapping[str, str] | None = None, raw: bool = False) -> PeerFn:
-    """A `PeerFn` over aiohttp: `<url><path>?local=1`, JSON body, `timeout_s` in all. `headers`:
-    extra request headers, the bearer token of the group (every worker runs with the same one).
-    `raw`: the body is already JSON bytes and the answer is returned as bytes (2xx), for typed
-    bodies the caller encodes and decodes itself."""
+               headers: Mapping[str, str] | None = None) -> PeerFn:
+    """A `PeerFn` over aiohttp: `<url><path>?local=1` (`&local=1` when `path` carries a query), `timeout_s` in
+    all; a POST sends the body as is, a GET none. `headers`: extra request headers, the bearer token of the group
+    (every worker runs with the same one). Answers the 2xx body's bytes."""
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     request_headers = {"Content-Type": "application/json", **(headers or {})}
 
-    async def ask(url: str, body: dict) -> dict:
-        target = f"{url.rstrip('/')}{path}?{LOCAL_PARAM}=1"
-        data = (body if raw else json.dumps(body).encode()) if method == "POST" else None
+    async def ask(url: str, body: bytes) -> bytes:
+        target = f"{url.rstrip('/')}{path}{'&' if '?' in path else '?'}{LOCAL_PARAM}=1"
+        data = body if method == "POST" else None
         async with session_factory().request(method, target, data=data, timeout=timeout,
                                              headers=request_headers) as resp:
             if resp.status in (400, 413):  # the request's fault, not the peer's: see the module doc
@@ -121,10 +134,7 @@ def http_asker(session_factory: Callable[[], Any], path: str, method: str, timeo
                 raise ApiError(resp.status, error.get("error", "bad request"), error.get("detail"))
             if not 200 <= resp.status < 300:  # a 401 here: the peer runs with another token
                 raise RuntimeError(f"{target} answered {resp.status}")
-            if raw:
-                return await resp.read()
-            answer = json.loads(await resp.read())
-        answer.setdefault("worker", url)
-        return answer
+            answer: bytes = await resp.read()
+            return answer
 
     return ask

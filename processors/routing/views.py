@@ -1,12 +1,14 @@
 """HTTP views: JSON in, JSON out; bad input is a 4xx `{"error", "detail"}`, never a 500.
 
-The router endpoints (`/route`, `/route/sent`, `/route/finished`, `/openapi.json`) read and write
-the msgspec Structs of `kvpipe.processors.router.model`; their logic is `kvpipe.processors.router.serving`."""
+The router endpoints (`/route`, `/route/sent`, `/route/finished`) read and write the msgspec Structs of
+`kvpipe.processors.router.model`; their logic is `kvpipe.processors.router.serving`. `/nodes`, `/stats` and
+`/health` answer the Structs of `kvpipe.processors.routing.answers`; `/openapi.json` documents every route
+registered here (`kvpipe.processors.routing.apidoc`)."""
 from __future__ import annotations
 
-import json
 import time
-from typing import Any
+from typing import Any, Mapping, Protocol, Sequence, TypeVar, cast
+from urllib.parse import urlencode
 
 import msgspec
 from faust import web
@@ -16,13 +18,15 @@ from kvpipe.processors.router import serving
 from kvpipe.processors.routing import routeserve, scatter
 from kvpipe.processors.core import webauth
 from kvpipe.processors.core.httpbody import ApiError
+from kvpipe.processors.routing import apidoc
+from kvpipe.processors.routing.answers import ClusterStats, LocalNodesPage, NodesPage, RoutingHealth, RoutingStats
 from kvpipe.processors.routing.api import node_rows, page_rows, parse_nodes_query
 from kvpipe.processors.routing.app import app, settings
 from kvpipe.processors.core.httpbody import checked_body
-from kvpipe.processors.router import openapi
 from kvpipe.processors.router.model import (
     FinishedReport,
     LocalRouteAnswer,
+    Recorded,
     RouteError,
     RouteRequest,
     SentForward,
@@ -58,38 +62,64 @@ def _highwater(partition: int) -> int | None:
 # -- the group's view: scatter-gather over the workers (kvpipe.processors.routing.scatter) -------------------------
 
 
+class _Assignor(Protocol):
+    """What the views read of Faust's assignor (`faust.assignor.PartitionAssignor`; its declared interface,
+    `PartitionAssignorT`, leaves this method out)."""
+
+    def external_topics_metadata(self) -> Mapping[str, Mapping[str, Sequence[int]]]: ...
+
+
 def _peer_urls() -> dict[str, list[int]]:
     try:
-        distribution = app.assignor.external_topics_metadata()
+        distribution = cast(_Assignor, app.assignor).external_topics_metadata()
     except Exception:
         return {}
     return scatter.peers(distribution, settings.events_topic, str(app.conf.canonical_url))
 
 
-def _local_nodes(query=None) -> dict:
-    limit, after, state = parse_nodes_query(query or {})
+def _local_nodes(query: Mapping[str, str]) -> LocalNodesPage:
+    limit, after, state = parse_nodes_query(query)
     # one row past the page, so the page knows whether a next one exists
-    rows = node_rows(runtime.index, time.time(), limit + 1, after, state)
-    return {**page_rows(rows, limit, after, state), "partitions": owned_partitions()}
+    rows, next_after = page_rows(node_rows(runtime.index, time.time(), limit + 1, after, state), limit, after, state)
+    return LocalNodesPage(nodes=rows, next_after=next_after, partitions=owned_partitions())
 
 
 _peer_headers = webauth.client_headers(settings)  # workers of one group share the token
-_ask_nodes = scatter.http_asker(lambda: app.http_client, "/nodes", "GET", headers=_peer_headers)
-_ask_route = scatter.http_asker(lambda: app.http_client, "/route", "POST", headers=_peer_headers, raw=True)
-_ask_sent = scatter.http_asker(lambda: app.http_client, "/route/sent", "POST", headers=_peer_headers, raw=True)
-_ask_finished = scatter.http_asker(lambda: app.http_client, "/route/finished", "POST", headers=_peer_headers,
-                                   raw=True)
+_ask_route = scatter.http_asker(lambda: app.http_client, "/route", "POST", headers=_peer_headers)
+_ask_sent = scatter.http_asker(lambda: app.http_client, "/route/sent", "POST", headers=_peer_headers)
+_ask_finished = scatter.http_asker(lambda: app.http_client, "/route/finished", "POST", headers=_peer_headers)
+
+
+def _ask_nodes(limit: int, after: str | None, state: str | None) -> scatter.PeerFn:
+    """Asks a peer for its rows of the page asked for: its own page, cut at `limit` (`page_rows`' `more`)."""
+    query = {"limit": str(limit)}
+    if after is not None:
+        query["after"] = after
+    if state is not None:
+        query["state"] = state
+    return scatter.http_asker(lambda: app.http_client, f"/nodes?{urlencode(query)}", "GET", headers=_peer_headers)
+
+
 _sent_decoder = msgspec.json.Decoder(SentReport)
 _forward_decoder = msgspec.json.Decoder(SentForward)
 _finished_decoder = msgspec.json.Decoder(FinishedReport)
-_RECORDED, _NOT_RECORDED = msgspec.json.encode({"recorded": True}), msgspec.json.encode({"recorded": False})
+_recorded_decoder = msgspec.json.Decoder(Recorded)
+_RECORDED, _NOT_RECORDED = msgspec.json.encode(Recorded(True)), msgspec.json.encode(Recorded(False))
+T = TypeVar("T")
 
 
-def _decode(decoder: msgspec.json.Decoder, data: bytes, what: str) -> Any:
+def _decode(decoder: msgspec.json.Decoder[T], data: bytes, what: str) -> T:
     try:
         return decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise RouteError(400, f"bad {what}", str(exc)) from None
+
+
+def _was_recorded(answer: bytes) -> bool:
+    try:
+        return _recorded_decoder.decode(answer).recorded
+    except (msgspec.ValidationError, msgspec.DecodeError):  # a peer that answers nonsense did not record it
+        return False
 
 
 def _local_answer(req: RouteRequest, checked: Checked) -> LocalRouteAnswer:
@@ -100,7 +130,7 @@ def _local_answer(req: RouteRequest, checked: Checked) -> LocalRouteAnswer:
 async def _record_elsewhere(peers: dict[str, list[int]], forward: SentForward) -> bool:
     """Ask every peer to record a sent request; True when the one holding the node did."""
     answers = await scatter.ask_all(peers, msgspec.json.encode(forward), _ask_sent) if peers else []
-    return any(msgspec.json.decode(a).get("recorded") for a in answers)
+    return any(_was_recorded(a) for a in answers)
 
 
 @app.page("/route")
@@ -124,8 +154,10 @@ class Route(web.View):
             theirs = [serving.decode_local(a) for a in await scatter.ask_all(peers, raw, _ask_route)] if peers else []
             parts, missing = serving.merge_local([mine, *theirs], expected_partitions())
             answer = serving.answer(parts, missing, req, runtime.index, runtime.inflight, checked=checked)
-            if serving.needs_forward(answer, req, runtime.index):  # the chosen node's worker records it
-                await _record_elsewhere(peers, SentForward(req.request_id, answer.chosen, req))  # type: ignore[arg-type]
+            request_id, chosen = req.request_id, answer.chosen
+            # the chosen node's worker records it (needs_forward implies both are set; the None checks say so to mypy)
+            if request_id is not None and chosen is not None and serving.needs_forward(answer, req, runtime.index):
+                await _record_elsewhere(peers, SentForward(request_id, chosen, req))
         except (ApiError, RouteError) as exc:
             return _error(self, exc)
         runtime.metrics.route_latency.labels("group").observe(time.perf_counter() - started)
@@ -179,12 +211,12 @@ class RouteFinished(web.View):
         return self.bytes(b"", status=204)
 
 
-_OPENAPI = openapi.encoded()
+_OPENAPI = apidoc.encoded()
 
 
 @app.page("/openapi.json")
 class OpenApi(web.View):
-    """The router endpoints' OpenAPI 3.1 document, generated from the request/answer Structs."""
+    """This app's OpenAPI 3.1 document, every endpoint, generated from the request/answer Structs."""
 
     async def get(self, request: web.Request) -> web.Response:
         return self.bytes(_OPENAPI, content_type="application/json")
@@ -193,34 +225,50 @@ class OpenApi(web.View):
 @app.page("/nodes")
 class Nodes(web.View):
     async def get(self, request: web.Request) -> web.Response:
+        answer: LocalNodesPage | NodesPage
         try:
             if scatter.is_local(request.query):
                 answer = _local_nodes(request.query)
             else:
-                answer = await scatter.nodes(_local_nodes(request.query), _peer_urls(), _ask_nodes, expected_partitions())
-                answer.update(page_rows(answer["nodes"], *parse_nodes_query(request.query)))
+                limit, after, state = parse_nodes_query(request.query)
+                merged = await scatter.nodes(_local_nodes(request.query), _peer_urls(),
+                                             _ask_nodes(limit, after, state), expected_partitions())
+                page, next_after = page_rows(merged.rows, limit, after, state, merged.more)
+                answer = NodesPage(nodes=page, next_after=next_after, partial=bool(merged.missing),
+                                   missing_partitions=merged.missing)
         except ApiError as exc:
             return _error(self, exc)
-        return self.bytes(json.dumps(answer, default=_jsonable).encode(), content_type="application/json")
+        return _typed(self, answer)
 
 
-def cluster_stats() -> dict:
+def cluster_stats() -> ClusterStats:
     consumer = app.consumer
-    return {"url": str(app.conf.canonical_url), "owned_partitions": owned_partitions(), "peers": _peer_urls(),
-            "expected_partitions": list(expected_partitions()),
-            # kvpipe.processors.core.fastpath: messages handed over directly vs through Faust's wait_first;
-            # kvpipe.processors.core.batchdelivery: runs handed to the batch handler, their records, records left
-            # for the re-fetch after a rebalance
-            "deliveries": {"direct": getattr(consumer, "direct_deliveries", None),
-                           "waited": getattr(consumer, "waited_deliveries", None),
-                           **getattr(consumer, "batch_stats", {})}}
+    return ClusterStats(url=str(app.conf.canonical_url), owned_partitions=owned_partitions(), peers=_peer_urls(),
+                        expected_partitions=list(expected_partitions()),
+                        # kvpipe.processors.core.fastpath: messages handed over directly vs through Faust's
+                        # wait_first; kvpipe.processors.core.batchdelivery: runs handed to the batch handler, their
+                        # records, records left for the re-fetch after a rebalance
+                        deliveries={"direct": getattr(consumer, "direct_deliveries", None),
+                                    "waited": getattr(consumer, "waited_deliveries", None),
+                                    **getattr(consumer, "batch_stats", {})})
+
+
+def stats_mapping() -> dict[str, Any]:
+    """What `/stats` reports, as built: `collect_stats` (shared with /metrics, a plain mapping) and this worker's
+    place in the group."""
+    return {**collect_stats(runtime, _highwater), "cluster": cluster_stats(), "route_server": routeserve.serving.stats()}
+
+
+def stats_answer() -> RoutingStats:
+    """`/stats`: `stats_mapping` read into its Struct, which checks every value's type. A key the Struct lacks
+    would be dropped: tests/unit/test_http_answers.py holds the two equal on a worker with every record filled."""
+    return msgspec.convert(stats_mapping(), RoutingStats)
 
 
 @app.page("/stats")
 class Stats(web.View):
     async def get(self, request: web.Request) -> web.Response:
-        return self.json({**collect_stats(runtime, _highwater), "cluster": cluster_stats(),
-                          "route_server": routeserve.serving.stats()})
+        return _typed(self, stats_answer())
 
 
 runtime.metrics.watch(lambda: collect_stats(runtime, _highwater))  # kvpipe.processors.routing.metrics
@@ -238,11 +286,6 @@ class Health(web.View):
     API token (kvpipe.processors.core.webauth.OPEN_PATHS)."""
 
     async def get(self, request: web.Request) -> web.Response:
-        return self.json({"status": "ok", "app": "index", "processor_id": settings.processor_id,
-                          "owned_partitions": owned_partitions(), "uptime_s": round(time.time() - runtime.started, 1)})
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return "0x" + value.hex()
-    return str(value)
+        return _typed(self, RoutingHealth(status="ok", app="index", processor_id=settings.processor_id,
+                                          owned_partitions=owned_partitions(),
+                                          uptime_s=round(time.time() - runtime.started, 1)))

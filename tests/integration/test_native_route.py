@@ -18,10 +18,11 @@ from kvpipe.bench.route import without_timings as _plain
 from kvpipe.bench.procrun import ProcessorProcess, free_port
 from kvpipe.bench.route_http import _publish
 from kvpipe.processors.router.model import RouteRequest
-from kvpipe.processors.router.native import available
 from tests.integration.processor_fixture import ProcessorTopics
+from tests.nativecheck import require_native_core
 
-pytestmark = [pytest.mark.integration, pytest.mark.skipif(not available(), reason="the native extension is not built")]
+require_native_core()
+pytestmark = [pytest.mark.integration]
 
 TOKEN = "native-route-test-token"
 

@@ -1,4 +1,4 @@
-"""The native route server (native/src/serve.rs, `kvpipe_native.serve_static`) as a router meets it:
+"""The native route server (native/src/serve.rs, `native.serve_static`) as a router meets it:
 real sockets on loopback, a real aiohttp app as the upstream it forwards to.
 
 `serve_static` answers every `POST /route` with a fixed JSON, except a body holding the forward
@@ -22,11 +22,10 @@ from typing import Any
 
 import pytest
 
-kvpipe_native = pytest.importorskip("kvpipe_native",
-                                    reason="the native extension is not built (infra/scripts/native.sh)")
-if not hasattr(kvpipe_native, "serve_static"):
-    pytest.skip("the installed kvpipe_native predates the route server (no serve_static); rebuild it with "
-                "infra/scripts/native.sh", allow_module_level=True)
+from kvpipe.processors.core import native
+from tests.nativecheck import require_native_core
+
+require_native_core()
 
 TOKEN = "tok-route-server"
 ANSWER = b'{"chosen": "node-a", "source": "native"}'
@@ -97,8 +96,8 @@ def start() -> Iterator[Callable[..., Any]]:
     started: list[Any] = []
 
     def make(upstream_port: int | None = None, token: str | None = TOKEN) -> Any:
-        srv = kvpipe_native.serve_static("127.0.0.1", 0, 2, token, MAX_BODY, READ_TIMEOUT_S, upstream_port,
-                                         ANSWER, FORWARD, panic_if_contains=BOOM)
+        srv = native.serve_static("127.0.0.1", 0, 2, token, MAX_BODY, READ_TIMEOUT_S, upstream_port,
+                                  ANSWER, FORWARD, panic_if_contains=BOOM)
         started.append(srv)
         return srv
 
@@ -308,4 +307,4 @@ def test_stop_ends_the_server(start: Callable[..., Any]) -> None:
 def test_bind_failure_is_an_os_error(start: Callable[..., Any]) -> None:
     srv = start()
     with pytest.raises(OSError):
-        kvpipe_native.serve_static("127.0.0.1", srv.port, 1, None, MAX_BODY, 1.0, None, ANSWER, FORWARD)
+        native.serve_static("127.0.0.1", srv.port, 1, None, MAX_BODY, 1.0, None, ANSWER, FORWARD)

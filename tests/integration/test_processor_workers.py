@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 
 from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
 from kvpipe.bench.procrun import ProcessorProcess, free_port
-from kvpipe.processors.router import openapi
+from kvpipe.processors.routing import apidoc
 from kvpipe.processors.router.client import AsyncRouterClient, RouterClient
 from kvpipe.processors.router.model import RouteRequest
 from tests.integration.processor_fixture import HeldBlocks, ProcessorTopics
@@ -192,6 +192,12 @@ def test_two_workers_split_the_partitions_and_both_answer_for_the_whole_group(gr
     nodes = [[{k: v for k, v in n.items() if k != "silent_s"} for n in w.get("/nodes")["nodes"]] for w in (a, b)]
     assert nodes[0] == nodes[1] and [n["node_id"] for n in nodes[0]] == sorted(NODES)
     assert {n["partition"] for n in nodes[0]} == set(range(PARTITIONS))
+    paged, after = [], ""  # pages smaller than either worker's share: each page asks both workers
+    while after is not None:
+        page = a.get("/nodes?limit=2" + (f"&after={after}" if after else ""))
+        paged += [n["node_id"] for n in page["nodes"]]
+        after = page["next_after"]
+    assert paged == sorted(NODES)
     # the local answer is one worker's share only: no fan-out from it
     _, local = a.post("/route?local=1", {"block_hashes": {"0": chain(0), "1": chain(0)}, "include_zero": True})
     owned = set(stats[0]["cluster"]["owned_partitions"])
@@ -263,7 +269,7 @@ def test_the_client_round_trips_sync_and_async_against_the_group(group: Group):
 def test_every_example_of_the_openapi_document_is_accepted_by_the_running_group(group: Group):
     a, b = group.workers
     doc = a.get("/openapi.json")
-    assert doc == b.get("/openapi.json") == msgspec.json.decode(openapi.encoded())
+    assert doc == b.get("/openapi.json") == msgspec.json.decode(apidoc.encoded())
     # the examples name node-a (full attention at 16, sliding window at 32, the example's model)
     ts = time.time()
     env = Envelope(v=SCHEMA_MAJOR, node_id="node-a", epoch=1, seq=0, ts=ts, sent_ts=ts, model="google/gemma-3-4b-it",

@@ -1,11 +1,12 @@
 """A wheel built from the repository installs without torch, adds one import name (`kvpipe`) to
-site-packages, and the three server roles start.
+site-packages, and the base install's server roles start.
 
-The base install must be what the processors, the analytics app and the bridge need (pyproject.toml:
-torch is the `[gpu]` extra). The check builds the wheel (`pip wheel --no-deps`), makes a fresh venv
-without system site-packages, puts into it exactly the base dependencies' closure taken from the
-project venv (their installed files linked in, no download: the resolver's view is the one `pip check`
-judges), installs the wheel with `--no-deps --no-index`, and runs the roles' `--help` there.
+The base install must be what the routing app and the bridge need (pyproject.toml: torch is the `[gpu]`
+extra, the analytics store the `[analytics]` one; tests/integration/test_install_roles.py runs each role). The
+check builds the wheel (`pip wheel --no-deps`), makes a fresh venv without system site-packages, puts into it
+exactly the base dependencies' closure taken from the project venv (their installed files linked in, no
+download: the resolver's view is the one `pip check` judges), installs the wheel with `--no-deps --no-index`,
+and runs the roles' `--help` there.
 
 The repository's top-level folders (schemas/, gpu/, producer/, processors/, infra/) are subpackages
 of `kvpipe` in the wheel (pyproject.toml's package-dir): the wheel's metadata names `kvpipe` as its
@@ -38,29 +39,32 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _base_closure(requirements: list[str]) -> set[str]:
+def dependency_closure(requirements: list[str]) -> set[str]:
     """Distributions (normalized names) the requirements need, transitively, extras ignored unless named."""
     env = default_environment()
-    todo = [Requirement(r) for r in requirements]
+    # Markers are judged when a requirement is queued: a sub-requirement's may name the extra it came with.
+    todo = [r for r in map(Requirement, requirements) if r.marker is None or r.marker.evaluate({**env, "extra": ""})]
     seen: set[str] = set()
+    # (distribution, extra) pairs whose requirements are queued, "" for the plain ones: a distribution met
+    # again with another extra (torch's `cuda-toolkit[cudart,...]` after a plain `cuda-toolkit`) adds that
+    # extra's requirements then.
+    done: set[tuple[str, str]] = set()
     while todo:
         req = todo.pop()
-        if req.marker is not None and not req.marker.evaluate({**env, "extra": ""}):
-            continue
         name = _norm(req.name)
-        if name in seen:
-            continue
         seen.add(name)
-        dist = metadata.distribution(req.name)
-        for sub in dist.requires or []:
+        extras = {e for e in {"", *req.extras} if (name, e) not in done}
+        if not extras:
+            continue
+        done |= {(name, e) for e in extras}
+        for sub in metadata.distribution(req.name).requires or []:
             r = Requirement(sub)
-            if r.marker is None or r.marker.evaluate({**env, "extra": ""}) or any(
-                    r.marker.evaluate({**env, "extra": e}) for e in req.extras):
+            if r.marker is None or any(r.marker.evaluate({**env, "extra": e}) for e in extras):
                 todo.append(r)
     return seen
 
 
-def _link_distribution(name: str, site: Path) -> None:
+def link_distribution(name: str, site: Path) -> None:
     """The installed files of one distribution (package dirs, modules, .dist-info) linked into `site`."""
     dist = metadata.distribution(name)
     src_site = Path(dist.locate_file(""))
@@ -75,29 +79,37 @@ def _link_distribution(name: str, site: Path) -> None:
             os.symlink(src, dst)
 
 
-def _project_requirements() -> list[str]:
+def project_requirements(extra: str | None = None) -> list[str]:
+    """The base install's requirements, or those one extra adds."""
     import tomllib
 
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return project["optional-dependencies"][extra] if extra else project["dependencies"]
+
+
+def copy_checkout(dst: Path) -> Path:
+    """The checkout's files as `make dist` packs them (tracked and not ignored) copied to `dst`: setuptools
+    writes build/ and *.egg-info into the tree it builds."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout
+    for rel in filter(None, listed.decode().split("\0")):
+        if (ROOT / rel).is_file() and not (ROOT / rel).is_symlink():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, dst / rel)
+    return dst
 
 
 def test_wheel_installs_without_torch_and_the_server_roles_start(tmp_path: Path) -> None:
-    # Build from a copy of the tracked files: setuptools writes build/ and *.egg-info into the tree.
-    src = tmp_path / "src"
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    for rel in filter(None, tracked.decode().split("\0")):
-        if (ROOT / rel).is_file():
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, src / rel)
+    src = copy_checkout(tmp_path / "src")
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
                     str(src)], check=True, timeout=300)
     (wheel,) = wheels.glob("kvpipe-*.whl")
     _check_wheel_contents(wheel, src)
 
-    requirements = _project_requirements()
+    requirements = project_requirements()
     assert not any(_norm(Requirement(r).name) == "torch" for r in requirements), "torch is in the base install"
-    closure = _base_closure(requirements)
+    closure = dependency_closure(requirements)
     assert "torch" not in closure and "faust-streaming" in closure
 
     env_dir = tmp_path / "venv"
@@ -106,7 +118,7 @@ def test_wheel_installs_without_torch_and_the_server_roles_start(tmp_path: Path)
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
     for name in sorted(closure | {"pip"}):
-        _link_distribution(name, site)
+        link_distribution(name, site)
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
                    timeout=300)
 
@@ -126,9 +138,9 @@ def test_wheel_installs_without_torch_and_the_server_roles_start(tmp_path: Path)
     node = subprocess.run([str(kvpipe), "node", "--help"], cwd=tmp_path, env=run_env, capture_output=True, text=True,
                           timeout=120)
     assert node.returncode == 2 and "kvpipe[gpu]" in node.stderr, node.stderr[-2000:]
-    # Beyond --help: each role's whole module graph (the Faust app, its agents and views) imports.
+    # Beyond --help: each base role's whole module graph (the Faust app, its agents and views) imports; the
+    # analytics app's is the [analytics] extra's (tests/integration/test_install_roles.py).
     for modules in ("kvpipe.processors.routing.agents, kvpipe.processors.routing.views",
-                    "kvpipe.processors.analytics.agents, kvpipe.processors.analytics.views",
                     "kvpipe.producer.bridge.runner, kvpipe.producer.bridge.cli"):
         out = subprocess.run([str(py), "-c", f"import {modules}"], cwd=tmp_path, capture_output=True, text=True,
                              env={**run_env, "KVPIPE_STATE_DIR": str(tmp_path / "state")}, timeout=120)
@@ -160,8 +172,10 @@ def _check_wheel_contents(wheel: Path, src: Path) -> None:
     for folder in (*FOLDERS, "kvpipe"):
         for path in (src / folder).rglob("*"):
             rel = path.relative_to(src / folder).as_posix()
+            # Grafana's and Prometheus's files are the monitoring stack's, mounted from a checkout; no module
+            # reads them, so the wheel leaves them out (pyproject.toml's package-data).
             if path.suffix == ".py" or (folder == "infra" and path.suffix in (".yaml", ".sql", ".sh", ".xml")
-                                        and "grafana" not in rel):
+                                        and not rel.startswith(("grafana/", "prometheus/"))):
                 expected.add(f"kvpipe/{rel}" if folder == "kvpipe" else f"kvpipe/{folder}/{rel}")
     assert expected <= names, f"missing from the wheel (pyproject.toml's packages): {sorted(expected - names)[:20]}"
     assert not {n for n in names if n.startswith("kvpipe/tests/") or n.startswith("tests/")}

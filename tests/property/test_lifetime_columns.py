@@ -8,8 +8,6 @@ analytics app's derive step, and the same insert columns for ClickHouse, batch b
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,13 +23,10 @@ from kvpipe.processors.core.index import Index
 from kvpipe.processors.core.ingest import Ingest
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
+from tests.nativecheck import require_native_core
 from tests.property.streams import events as event_strategy
 
-if not slots.native_available():
-    if os.environ.get("KVPIPE_NATIVE") == "0":
-        pytest.skip("KVPIPE_NATIVE=0: the native extension is not built", allow_module_level=True)
-    raise ImportError("kvpipe_native is not importable: run infra/scripts/venv.sh (it builds native/) "
-                      "or set KVPIPE_NATIVE=0")
+require_native_core()
 
 HASHES = st.one_of(st.integers(0, 12), st.integers(2**64 - 2, 2**64 - 1),
                    st.sampled_from([b"\x00" * 24 + (3).to_bytes(8, "big"), b"abc" * 11, b"\xff" * 32]))

@@ -7,8 +7,6 @@ give equal outcomes, DLQ reasons, counters and index.
 """
 from __future__ import annotations
 
-import os
-
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,12 +18,9 @@ from kvpipe.processors.core.ingest import Ingest
 from kvpipe.schemas.codec import KAFKA_HEADERS, DecodeError, decode_vllm_batch, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
 from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from tests.nativecheck import require_native_core
 
-if not slots.batch_reader_available():
-    if os.environ.get("KVPIPE_NATIVE") == "0":
-        pytest.skip("KVPIPE_NATIVE=0: the native extension is not built", allow_module_level=True)
-    raise ImportError("kvpipe_native is not importable: run infra/scripts/venv.sh (it builds native/) "
-                      "or set KVPIPE_NATIVE=0")
+require_native_core()
 
 HASH = st.one_of(st.integers(0, 2**64 - 1), st.integers(-2**63, -1), st.binary(max_size=40))
 MEDIUM = st.sampled_from([None, "GPU", "CPU", "", "disk"])

@@ -1,36 +1,35 @@
 """The native hit search (native/, `kvpipe_native`) equals the reference (`kvpipe.gpu.hit` through
 `hma.hybrid_hit`) on random layouts and random held sets: merged equal-spec groups, mixed
-block sizes, sliding windows, Mamba (align, and the refused modes), chunked local, partial hits at
-the hash unit, EAGLE, subsets of a node's groups, several nodes of different layouts in one call,
+block sizes, sink full attention (full attention's rule, its own spec group), sliding windows,
+Mamba (align, and the refused modes), chunked local, partial hits at the hash unit, EAGLE, subsets of a node's groups, several nodes of different layouts in one call,
 and held positions past the lists. Errors (layouts `kvpipe.gpu.hit` refuses) must be equal too.
 """
 from __future__ import annotations
 
-import os
+import tomllib
+from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvpipe.gpu.hit import default_alignment, partial_hits_enabled
-from kvpipe.gpu.layout import NodeLayout
-from kvpipe.gpu.specs import ChunkedLocal, CrossAttention, FullAttention, KVSpec, Mamba, SlidingWindow
-from kvpipe.processors.router import hits
+from kvpipe.gpu.layout import NodeLayout, node_layout
+from kvpipe.gpu.specs import ChunkedLocal, CrossAttention, FullAttention, KVSpec, Mamba, SinkFullAttention, SlidingWindow
 from kvpipe.processors.router.hits import HitSearch, Job
+from kvpipe.schemas.envelope import GroupSpec, HashConfig
+from tests.nativecheck import require_native_core
 
-if not hits.native_available():
-    if os.environ.get("KVPIPE_NATIVE") == "0":
-        pytest.skip("KVPIPE_NATIVE=0: the native extension is not built", allow_module_level=True)
-    raise ImportError("kvpipe_native is not importable: run infra/scripts/venv.sh (it builds native/) "
-                      "or set KVPIPE_NATIVE=0")
+require_native_core()
 
 
 @st.composite
 def spec(draw, unit: int, scale: int = 1) -> KVSpec:
     bs = unit * draw(st.sampled_from([1, 1, 2, 4]))
-    kind = draw(st.sampled_from(["full", "full", "sliding", "mamba", "chunked", "cross"]))
+    kind = draw(st.sampled_from(["full", "full", "sink", "sliding", "mamba", "chunked", "cross"]))
     if kind == "full":
         return FullAttention(bs)
+    if kind == "sink":  # full attention's rule under its own kind: never merged with a full-attention group
+        return SinkFullAttention(bs, sink_len=draw(st.sampled_from([None, bs, 4 * bs])))
     if kind == "sliding":
         return SlidingWindow(bs, sliding_window=draw(st.integers(1, 6 * scale * bs)))
     if kind == "mamba":
@@ -102,3 +101,29 @@ def test_the_engines_differ_only_in_speed_on_a_hybrid_node() -> None:
     assert native == HitSearch("python").search([job])[0]
     assert not isinstance(native, str) and native.length == 48
     assert native.spans[1] == (1, 3)  # [False, True, True]
+
+
+def test_a_published_sink_layout_is_searched_natively_with_the_full_attention_code() -> None:
+    """Sink full attention from the wire (`node_layout`) through the router's search: its own spec group
+    (next to a full-attention group of the same block size), the full rule's native code, equal answers."""
+    published = [GroupSpec(group_idx=0, kind="sink_full_attention", block_size=16, sink_len=32),
+                 GroupSpec(group_idx=1, kind="full_attention", block_size=16),
+                 GroupSpec(group_idx=2, kind="sliding_window", block_size=16, sliding_window=33)]
+    model = node_layout(published, HashConfig(hash_block_size=16))
+    search = HitSearch("native")
+    layout = search.native_layout(model, (0, 1, 2))
+    assert layout is not None, "the native engine models the sink group (full attention's rule)"
+    assert dict(kvpipe_native_rules(search))["full"] == 0
+    job = Job(model, (0, 1, 2), (8, 8, 8), [set(range(6)), set(range(5)), {1, 2, 3, 4, 5}], 127)
+    got, = search.search([job])
+    assert got == HitSearch("python").search([job])[0]
+    assert not isinstance(got, str) and got.length == 80  # the full-attention group's 5 blocks cap the sink's 6
+    assert got.spans[0] == (0, 5) and got.spans[1] == (0, 5)
+
+
+def kvpipe_native_rules(search: HitSearch) -> list[tuple[str, int]]:
+    """The hit rules the built engine knows (`HitEngine.RULES`), which must be native/src/hit_rules.toml's."""
+    rules = list(search.native_engine.RULES)
+    table = tomllib.loads((Path(__file__).resolve().parents[2] / "native" / "src" / "hit_rules.toml").read_text())
+    assert dict(rules) == table
+    return rules

@@ -8,9 +8,6 @@ copies, and the router's held positions for random requests.
 """
 from __future__ import annotations
 
-import os
-
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,13 +17,10 @@ from kvpipe.processors.router.hma import held_positions
 from kvpipe.processors.core.snapshot import decode_chunk, export_partition, import_chunks
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
 from kvpipe.schemas.events import BlockStored
+from tests.nativecheck import require_native_core
 from tests.property.streams import events as event_strategy
 
-if not slots.native_available():
-    if os.environ.get("KVPIPE_NATIVE") == "0":
-        pytest.skip("KVPIPE_NATIVE=0: the native extension is not built", allow_module_level=True)
-    raise ImportError("kvpipe_native is not importable: run infra/scripts/venv.sh (it builds native/) "
-                      "or set KVPIPE_NATIVE=0")
+require_native_core()
 
 # ints, bytes, and bytes whose last 8 bytes equal an int of the pool (one 64-bit key, two forms)
 HASHES = st.one_of(st.integers(0, 12), st.integers(2**64 - 3, 2**64 + 2), st.integers(-2, -1),

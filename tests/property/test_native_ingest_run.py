@@ -9,28 +9,22 @@ index's contents must be equal.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpipe.processors.core import ingestrun, slots
 from kvpipe.processors.core.index import Index
 from kvpipe.processors.core.ingest import Ingest
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope, GroupSpec
 from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
+from tests.nativecheck import require_native_core
 
-if not ingestrun.available():
-    if os.environ.get("KVPIPE_NATIVE") == "0":
-        pytest.skip("KVPIPE_NATIVE=0: the native extension is not built", allow_module_level=True)
-    raise ImportError("kvpipe_native has no ingest_run: run infra/scripts/native.sh on the venv "
-                      "or set KVPIPE_NATIVE=0")
+require_native_core()
 
 MAX_BYTES = 1500
 NODES = ["a", "b", "c", "d"]  # max_nodes 3: one of them is refused while the others live
@@ -203,8 +197,6 @@ def feed(ingest: Ingest, records: list[Rec], cuts: list[int]) -> list[tuple]:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(streams(), st.lists(st.integers(0, 60), max_size=4))
 def test_native_runs_equal_the_reference(records, cuts):
-    if not slots.native_available():
-        pytest.skip("the native store is not built")
     fast, ref = make_ingest(True), make_ingest(False)
     assert fast.native_runs and not ref.native_runs
     assert feed(fast, records, cuts) == feed(ref, records, cuts)

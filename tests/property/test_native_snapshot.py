@@ -7,14 +7,13 @@ which the restore reports and recovers from (a rebuild from offset 0) as any bro
 from __future__ import annotations
 
 import asyncio
-import os
 
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpipe.processors.core import durability, slots, snapshot
+from kvpipe.processors.core import durability, native, slots, snapshot
 from kvpipe.processors.core.index import Index
 from kvpipe.processors.core.ingest import Ingest
 from kvpipe.processors.core.snapshot import (
@@ -28,12 +27,9 @@ from kvpipe.processors.core.snapshot import (
 )
 from kvpipe.schemas.envelope import SCHEMA_MAJOR, Envelope
 from kvpipe.schemas.events import BlockRemoved, BlockStored
+from tests.nativecheck import require_native_core
 
-if not snapshot.native_snapshots_available():
-    if os.environ.get("KVPIPE_NATIVE") == "0":
-        pytest.skip("KVPIPE_NATIVE=0: the native extension is not built", allow_module_level=True)
-    raise ImportError("kvpipe_native has no snapshot reader: run infra/scripts/native.sh (it builds native/) "
-                      "or set KVPIPE_NATIVE=0")
+require_native_core()
 
 # every int width msgpack has, negative ints, bytes (short ones too), and a 64-bit collision of forms
 HASHES = st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1), st.integers(-(2**63), -1),
@@ -153,7 +149,7 @@ def test_a_broken_slot_record_is_refused_where_msgspec_refuses_it(nodes, data):
     except (msgspec.DecodeError, UnicodeDecodeError):  # msgspec reports a bad str with the latter
         ref = None
     try:
-        head = slots.kvpipe_native.read_slot_head(broken)
+        head = native.read_slot_head(broken)
     except ValueError as exc:
         assert str(exc).startswith("snapshot slot record broken at byte ")
         # stricter than msgspec only where a record cannot be one we wrote
@@ -237,19 +233,22 @@ def test_a_broken_slot_record_makes_the_restore_rebuild_from_the_log(monkeypatch
     assert d.ingest.index.nodes == {} and d.ingest.index.store.entries() == 0
 
 
-def test_without_the_extension_the_python_walk_writes_and_reads(monkeypatch):
+def test_on_the_python_engine_the_python_walk_writes_and_reads():
     nodes = [("n", 0, [(1.0, [BlockStored(block_hashes=[1, 2, 2, b"xy"], parent_block_hash=None, token_ids=[],
                                           block_size=16, lora_id=None, medium="CPU", lora_name=None, group_idx=1)])])]
     source = build("python", nodes)
     with_native = export_partition(source, 0, 2)
-    monkeypatch.setattr(slots, "kvpipe_native", None)
-    assert not snapshot.native_snapshots_available()
-    assert export_partition(source, 0, 2) == with_native  # the dict store is always written by the walk
-    read = [decode_chunk(c) for c in with_native[0]]
-    assert [p.__class__ for c in read for n in c.nodes for p in n.slots] == [SlotSnap]
-    restored = Index(store="python")
-    assert import_chunks(restored, 0, read) == 3
+    with native.python_engine("as without the native core"):
+        assert export_partition(source, 0, 2) == with_native  # the dict store is always written by the walk
+        read = [decode_chunk(c) for c in with_native[0]]
+        assert [p.__class__ for c in read for n in c.nodes for p in n.slots] == [SlotSnap]
+        restored = Index()  # the store the Python engine makes by default
+        assert restored.store.kind == "python"
+        assert import_chunks(restored, 0, read) == 3
+        with pytest.raises(native.NativeUnavailable, match="as without the native core"):
+            decode_chunk(with_native[0][0], native=True)  # the native reader is not there to ask
     assert contents(restored) == contents(source)
+    assert [p.__class__ for p in decode_chunk(with_native[0][0]).nodes[0].slots] == [SlotBytes]  # native again
 
 
 @pytest.mark.parametrize("chunk_bytes", [snapshot.CHUNK_BYTES, 2_000_000])

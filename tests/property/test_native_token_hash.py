@@ -1,24 +1,20 @@
-"""The native chain of vLLM's default block hash (`kvpipe_native.sha256_token_chain`, native/src/tokenhash.rs)
+"""The native chain of vLLM's default block hash (`native.sha256_token_chain`, native/src/tokenhash.rs)
 equals the reference (`kvpipe.gpu.hashing`: SHA-256 over pickle protocol 5) on random prompts: hash units of
 1 to 40 tokens (the 1-, 2- and 3-tuple forms and the marked one), token ids across pickle's int forms,
 both external forms, and the none-hash of other seeds. Token ids outside what it writes give None, and the
 router then hashes in Python, so its answer is the reference's either way."""
 from __future__ import annotations
 
-import os
-
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpipe.gpu.hashing import BlockHasher, external_hash, hash_request_blocks
+from kvpipe.processors.core import native
 from kvpipe.processors.router import hashing
 from kvpipe.schemas.envelope import HashConfig
+from tests.nativecheck import require_native_core
 
-if hashing._native_chain is None:  # noqa: SLF001 - the seam under test
-    if os.environ.get("KVPIPE_NATIVE") == "0":
-        pytest.skip("KVPIPE_NATIVE=0: the native extension is not built", allow_module_level=True)
-    raise ImportError("kvpipe_native is not importable: run infra/scripts/venv.sh (it builds native/)")
+require_native_core()
 
 TOKENS = st.one_of(st.integers(0, 255), st.integers(256, 65_535), st.integers(65_536, 2**31 - 1),
                    st.integers(-(2**31), -1), st.integers(0, 151_935))
@@ -29,7 +25,7 @@ TOKENS = st.one_of(st.integers(0, 255), st.integers(256, 65_535), st.integers(65
 def test_the_native_chain_equals_the_reference(tokens, unit, ints, seed):
     hasher = BlockHasher("sha256", seed=seed)
     want = [external_hash(d, ints) for d in hash_request_blocks(hasher, tokens, unit)]
-    assert hashing._native_chain(hasher.none_hash, tokens, unit, ints) == want  # noqa: SLF001
+    assert native.sha256_token_chain(hasher.none_hash, tokens, unit, ints) == want
 
 
 @settings(max_examples=100, deadline=None)
@@ -37,7 +33,7 @@ def test_the_native_chain_equals_the_reference(tokens, unit, ints, seed):
 def test_tokens_past_the_four_byte_form_are_left_to_the_reference(tokens, big):
     hasher = BlockHasher("sha256")
     tokens = tokens + [big]
-    assert hashing._native_chain(hasher.none_hash, tokens, len(tokens), True) is None  # noqa: SLF001
+    assert native.sha256_token_chain(hasher.none_hash, tokens, len(tokens), True) is None
     # the router's hashes are the reference's all the same
     config = HashConfig(algorithm="sha256", hash_block_size=len(tokens))
     got = hashing.ConfigHashes(config, tokens, None).views.at(len(tokens))
@@ -47,4 +43,4 @@ def test_tokens_past_the_four_byte_form_are_left_to_the_reference(tokens, big):
 def test_a_long_unit_past_pickles_frame_target_is_left_to_the_reference():
     hasher = BlockHasher("sha256")
     tokens = [2**30] * 20_000  # 5 bytes a token: past 64 KiB in one unit
-    assert hashing._native_chain(hasher.none_hash, tokens, len(tokens), True) is None  # noqa: SLF001
+    assert native.sha256_token_chain(hasher.none_hash, tokens, len(tokens), True) is None

@@ -105,13 +105,14 @@ def _pip_targets(command: str) -> list[str]:
 
 
 def test_each_app_image_installs_its_role_only() -> None:
-    # The routing index and the analytics app are the base install: no `[gpu]` (torch) extra and
-    # no torch wheel index; the GPU side is `kvpipe[gpu]`, which no server container runs.
-    for name in ("processor", "analytics"):
+    # No `[gpu]` (torch) extra and no torch wheel index: the GPU side is `kvpipe[gpu]`, which no server
+    # container runs.
+    # The routing app is the base install; the analytics app adds the `analytics` extra (its store and report).
+    for name, role in (("processor", "/build/src"), ("analytics", "'/build/src[analytics]'")):
         svc = _services()[name]
         command = "\n".join(svc["command"])
         targets = _pip_targets(command)
-        assert targets == ["/build/src"], f"{name} installs {targets}; expected the base install of the source"
+        assert targets == [role], f"{name} installs {targets}; expected its role's install of the source, {role}"
         env = _mapping(svc["environment"])
         assert not any("torch" in v for v in env.values()), f"{name} points pip at torch wheels"
         assert "torch" not in command and "requirements.lock" not in command

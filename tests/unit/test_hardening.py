@@ -50,7 +50,7 @@ def test_a_future_timestamp_from_another_node_expires_nobody(poison):
     assert attacker.skew_s == pytest.approx(poison - 1001.0)
     assert ingest.counters["clock_clamped"] == 1
     row = node_rows(ingest.index, 1010.0, state="healthy")
-    assert [r["clock_skew_s"] > 0 for r in row] == [True, False]
+    assert [r.clock_skew_s > 0 for r in row] == [True, False]
 
 
 def test_record_timestamps_make_a_replay_clamp_exactly_as_the_live_run():
@@ -113,14 +113,13 @@ def test_nodes_are_paged_and_filtered_by_state():
     limit, after, state = parse_nodes_query({"limit": "10"})
     pages, after = [], None
     while True:
-        page = page_rows(node_rows(index, 1000.0, limit + 1, after, state), limit, after, state)
-        pages.append([r["node_id"] for r in page["nodes"]])
-        after = page["next_after"]
+        page, after = page_rows(node_rows(index, 1000.0, limit + 1, after, state), limit, after, state)
+        pages.append([r.node_id for r in page])
         if after is None:
             break
     assert [len(p) for p in pages] == [10, 10, 5] and sum(pages, []) == sorted(index.nodes)
     suspect = node_rows(index, 1000.0, 100, None, "suspect")
-    assert [r["node_id"] for r in suspect] == ["n00", "n05", "n10", "n15", "n20"]
+    assert [r.node_id for r in suspect] == ["n00", "n05", "n10", "n15", "n20"]
     for bad in ({"limit": "0"}, {"limit": "x"}, {"state": "weird"}, {"limit": "100000"}):
         with pytest.raises(ApiError) as exc:
             parse_nodes_query(bad)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvpipe.gpu.hit import find_sliding, longest_hybrid_hit
+from kvpipe.gpu.finders import find_sliding
+from kvpipe.gpu.hit import longest_hybrid_hit
 from kvpipe.gpu.specs import ChunkedLocal, FullAttention, Mamba, SlidingWindow
 
 H = [f"h{i}".encode() for i in range(16)]  # stand-in fine hashes, one per block

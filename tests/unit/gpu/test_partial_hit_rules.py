@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvpipe.gpu.hit import default_alignment, find_full, find_mamba, longest_hybrid_hit, partial_hits_enabled
+from kvpipe.gpu.finders import find_full, find_mamba
+from kvpipe.gpu.hit import default_alignment, longest_hybrid_hit, partial_hits_enabled
 from kvpipe.gpu.specs import ChunkedLocal, FullAttention, Mamba, SlidingWindow, resolve_block_sizes
 
 

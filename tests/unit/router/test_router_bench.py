@@ -33,7 +33,7 @@ def test_kvpipe_bench_route_is_registered_and_runs_in_process_without_a_broker()
 
 def test_the_snapshot_block_times_each_path_and_checks_them():
     from kvpipe.bench.route_http import run as bench_route
-    from kvpipe.processors.core.snapshot import native_snapshots_available
+    from kvpipe.processors.core import native
 
     out = bench_route(["--in-process-only", "--snapshots", "--nodes", "6", "--requests", "2", "--documents", "2",
                        "--prompt-tokens", "256", "--per-node", "2", "--no-dynamo"])
@@ -41,7 +41,7 @@ def test_the_snapshot_block_times_each_path_and_checks_them():
     entries = stores["python"]["entries"]
     assert entries > 0 and stores["python"]["snapshot"]["entries"] == entries
     assert stores["python"]["snapshot"]["python"]["chunks"] >= 1
-    if native_snapshots_available():
+    if native.engine() == "native":
         snap = stores["native"]["snapshot"]
         assert snap["same_bytes"] is True and snap["entries"] == entries
         assert snap["native"]["bytes"] == snap["python"]["bytes"] == stores["python"]["snapshot"]["python"]["bytes"]
@@ -59,10 +59,10 @@ def test_kvpipe_route_reads_token_ids_as_a_json_list_or_whitespace_separated():
 
 def test_both_engines_are_timed_on_the_same_requests_and_checked_equal():
     from kvpipe.bench.route_dynamo import load
-    from kvpipe.processors.router.hits import native_available
+    from kvpipe.processors.core import native
 
     out = run(nodes=8, requests=6, documents=3, prompt_tokens=256, per_node=2, seed=1)
-    engines = ["native", "python"] if native_available() else ["python"]
+    engines = ["native", "python"] if native.engine() == "native" else ["python"]
     assert list(out["engines"]) == engines and out["engine"] == engines[0]
     assert out["answers_checked"] == (6 if len(engines) == 2 else 0)
     assert out["search"] == out["engines"][engines[0]]["search"]
@@ -75,10 +75,10 @@ def test_both_engines_are_timed_on_the_same_requests_and_checked_equal():
 
 
 def test_a_disagreement_between_the_engines_stops_the_bench(monkeypatch):
-    from kvpipe.processors.router import hits
+    from kvpipe.processors.core import native
 
-    if not hits.native_available():
-        pytest.skip("one engine only: nothing to compare")
+    if native.engine() != "native":
+        pytest.skip(f"one engine only, nothing to compare: {native.reason()}")
     from kvpipe.processors.router import cohort, decide
 
     real = cohort.cohort_hits

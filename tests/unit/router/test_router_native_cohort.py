@@ -11,10 +11,11 @@ import pytest
 
 from kvpipe.processors.router import cohort, decide
 from kvpipe.bench import route as bench
-from kvpipe.processors.router.hits import HitSearch, native_available
+from kvpipe.processors.router.hits import HitSearch
 from kvpipe.processors.router.model import Load, RouteRequest, Scoring
+from tests.nativecheck import require_native_core
 
-pytestmark = pytest.mark.skipif(not native_available(), reason="the native extension is not built")
+require_native_core()
 
 
 class Loads(dict):

@@ -21,8 +21,9 @@ from kvpipe.processors.router.hits import HitSearch
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.processors.router.model import RouteRequest
 from kvpipe.processors.router.serving import NodeLoads
+from tests.nativecheck import require_native_core
 
-pytestmark = pytest.mark.skipif(not native.available(), reason="the native extension is not built")
+require_native_core()
 
 STALE = 15.0
 
