@@ -5,15 +5,18 @@ and provisions topics, `down` does nothing, `status` reports that cluster.
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from kvpipe.infra.errors import InfraError
-from kvpipe.schemas.cliopts import Group, apply_bootstrap, bootstrap_server_option, run
+from kvpipe.schemas.cliopts import (Group, apply_bootstrap, bootstrap_server_option, configure_logging,
+                                    log_level_option, output_option, run)
 from kvpipe.schemas.settings import Settings, SettingsError, load_settings
 
 EXIT_DOWN = 3  # `status` when nothing answers, like `systemctl status` (LSB: "program is not running")
@@ -41,11 +44,11 @@ def _specs(s: Settings, brokers: int = 1):
 
 
 def _cluster_nodes(s: Settings) -> int:
-    """Nodes of the local cluster: as configured (`--brokers`, kafka_brokers), else as found under
+    """Nodes of the local cluster: as configured (`--brokers`, kafka_local_brokers), else as found under
     the state dir, so `down` and `status` need no flag."""
     from kvpipe.infra.kafka.cluster import present_nodes
 
-    return s.kafka_brokers if s.kafka_brokers > 1 else present_nodes(broker_config(s))
+    return s.kafka_local_brokers if s.kafka_local_brokers > 1 else present_nodes(broker_config(s))
 
 
 def cmd_up_cluster(s: Settings, timeout: float) -> int:
@@ -53,13 +56,13 @@ def cmd_up_cluster(s: Settings, timeout: float) -> int:
     from kvpipe.infra.topics import ensure_topics
 
     t0 = time.monotonic()
-    cluster = LocalCluster(broker_config(s), s.kafka_brokers)
+    cluster = LocalCluster(broker_config(s), s.kafka_local_brokers)
     for node, st in zip(cluster.nodes, cluster.up(timeout=timeout)):
         verb = "started" if st.started else "already running"
         print(f"kafka node {node.cfg.node_id}: {verb}, pid {st.pid}, {node.cfg.bootstrap} "
               f"(controller {node.cfg.controller_port})")
     print(f"kafka: {len(cluster.nodes)}-node cluster, bootstrap {cluster.bootstrap} "
-          f"({time.monotonic() - t0:.1f} s); clients: KVPIPE_KAFKA_BROKERS={len(cluster.nodes)}")
+          f"({time.monotonic() - t0:.1f} s); clients: KVPIPE_KAFKA_LOCAL_BROKERS={len(cluster.nodes)}")
     for name, state in ensure_topics(cluster.bootstrap, _specs(s, len(cluster.nodes))).items():
         print(f"topic {name}: {state}")
     return 0
@@ -69,7 +72,7 @@ def cmd_up(s: Settings, timeout: float) -> int:
     from kvpipe.infra.kafka.local import LocalKafka, broker_answers
     from kvpipe.infra.topics import ensure_topics
 
-    if s.is_local_kafka() and s.kafka_brokers > 1:
+    if s.is_local_kafka() and s.kafka_local_brokers > 1:
         return cmd_up_cluster(s, timeout)
     t0 = time.monotonic()
     if s.is_local_kafka():
@@ -107,51 +110,69 @@ def cmd_down(s: Settings, purge: bool) -> int:
     return 0
 
 
-def _status_cluster(s: Settings, nodes: int) -> str:
-    """Print each node's state; returns the bootstrap of the running cluster, "" if no node runs."""
-    from kvpipe.infra.kafka.cluster import LocalCluster
-
-    cluster = LocalCluster(broker_config(s), nodes)
-    print(f"kafka: local {nodes}-node cluster, state {cluster.root}")
-    running = 0
-    for node, pid in zip(cluster.nodes, cluster.pids()):
-        running += pid is not None
-        print(f"kafka node {node.cfg.node_id}: " + (f"pid {pid}, {node.cfg.bootstrap}" if pid else
-              f"not running ({node.cfg.bootstrap}); log {node.cfg.server_log}"))
-    if not running:
-        print("kafka: not running (start it with `kvpipe infra up --brokers N`)")
-    return cluster.bootstrap if running else ""
-
-
-def cmd_status(s: Settings, all_topics: bool) -> int:
+def status_report(s: Settings, all_topics: bool) -> dict[str, Any]:
+    """What runs where, as data (`-o json` prints it as it is): `kafka` is local, local-cluster or
+    external; `answers` whether `bootstrap` answered a metadata request (not asked when nothing local
+    runs); `topics` name → partitions once it answered."""
     from kvpipe.infra.kafka.local import LocalKafka, broker_answers
     from kvpipe.infra.topics import list_topics
 
-    bootstrap = s.bootstrap()
     nodes = _cluster_nodes(s) if s.is_local_kafka() else 0
+    report: dict[str, Any] = {"kafka": "external", "bootstrap": s.bootstrap(), "running": True}
     if nodes > 1:
-        bootstrap = _status_cluster(s, nodes)
-        if not bootstrap:
-            return EXIT_DOWN
+        from kvpipe.infra.kafka.cluster import LocalCluster
+
+        cluster = LocalCluster(broker_config(s), nodes)
+        rows = [{"node_id": node.cfg.node_id, "pid": pid, "bootstrap": node.cfg.bootstrap,
+                 "log": str(node.cfg.server_log)} for node, pid in zip(cluster.nodes, cluster.pids())]
+        report.update(kafka="local-cluster", bootstrap=cluster.bootstrap, state=str(cluster.root), nodes=rows,
+                      running=any(row["pid"] is not None for row in rows))
     elif s.is_local_kafka():
         cfg = broker_config(s)
         pid = LocalKafka(cfg).running_pid()
-        print(f"kafka: local broker, state {cfg.kafka_dir}, log {cfg.server_log}")
-        if pid is None:
+        report.update(kafka="local", state=str(cfg.kafka_dir), log=str(cfg.server_log), pid=pid,
+                      running=pid is not None)
+    report["answers"] = report["running"] and broker_answers(report["bootstrap"], timeout=5.0,
+                                                             security=s.kafka_confluent_security())
+    report["topics"] = list_topics(report["bootstrap"], internal=all_topics) if report["answers"] else None
+    return report
+
+
+def print_status(report: dict[str, Any]) -> None:
+    """`-o table`: the report as lines for people."""
+    if report["kafka"] == "local-cluster":
+        print(f"kafka: local {len(report['nodes'])}-node cluster, state {report['state']}")
+        for row in report["nodes"]:
+            print(f"kafka node {row['node_id']}: " + (f"pid {row['pid']}, {row['bootstrap']}" if row["pid"] else
+                  f"not running ({row['bootstrap']}); log {row['log']}"))
+        if not report["running"]:
+            print("kafka: not running (start it with `kvpipe infra up --brokers N`)")
+            return
+    elif report["kafka"] == "local":
+        print(f"kafka: local broker, state {report['state']}, log {report['log']}")
+        if not report["running"]:
             print("kafka: not running (start it with `kvpipe infra up`)")
-            return EXIT_DOWN
-        print(f"kafka: pid {pid}, bootstrap {cfg.bootstrap}")
+            return
+        print(f"kafka: pid {report['pid']}, bootstrap {report['bootstrap']}")
     else:
-        print(f"kafka: external cluster, bootstrap {s.bootstrap()}")
-    if not broker_answers(bootstrap, timeout=5.0, security=s.kafka_confluent_security()):
-        print(f"kafka: {bootstrap} does not answer a metadata request")
-        return EXIT_DOWN
-    topics = list_topics(bootstrap, internal=all_topics)
+        print(f"kafka: external cluster, bootstrap {report['bootstrap']}")
+    if not report["answers"]:
+        print(f"kafka: {report['bootstrap']} does not answer a metadata request")
+        return
+    topics = report["topics"]
     print(f"topics ({len(topics)}):")
     width = max((len(n) for n in topics), default=0)
     for name, n in topics.items():
         print(f"  {name:<{width}}  {n:>4} partition{'s' if n != 1 else ''}")
-    return 0
+
+
+def cmd_status(s: Settings, all_topics: bool, output: str = "table") -> int:
+    report = status_report(s, all_topics)
+    if output == "json":
+        print(json.dumps(report))
+    else:
+        print_status(report)
+    return 0 if report["answers"] else EXIT_DOWN
 
 
 def _run(name: str, overrides: dict, work: Callable[[Settings], int]) -> int:
@@ -160,8 +181,8 @@ def _run(name: str, overrides: dict, work: Callable[[Settings], int]) -> int:
         s = load_settings(overrides)
         if s.partitions < 1:
             raise SettingsError(f"partitions must be >= 1, got {s.partitions}")
-        if s.kafka_brokers < 1:
-            raise SettingsError(f"brokers must be >= 1, got {s.kafka_brokers}")
+        if s.kafka_local_brokers < 1:
+            raise SettingsError(f"brokers must be >= 1, got {s.kafka_local_brokers}")
         return work(s)
     except (InfraError, SettingsError) as e:
         print(f"kvpipe infra {name}: {e}", file=sys.stderr)
@@ -180,16 +201,19 @@ def infra() -> None:
 @click.option("--partitions", type=int, default=None,
               help="partitions of the events and snapshot topics (default: settings.partitions)")
 @click.option("--brokers", type=int, default=None,
-              help="nodes of the local KRaft cluster (default: settings.kafka_brokers, 1). With 3: replication "
+              help="nodes of the local KRaft cluster (default: KVPIPE_KAFKA_LOCAL_BROKERS, 1). With 3: replication "
                    "factor 3 and min.insync.replicas 2 for kvpipe's topics; node k on kafka_port + 2(k-1)")
 @click.option("--timeout", type=float, default=90.0, help="seconds to wait for the broker (default 90)")
 @click.option("--secure", is_flag=True,
               help="also listen with SASL_PLAINTEXT and SASL_SSL (kafka_sasl_port, kafka_sasl_ssl_port) for the "
                    "user KVPIPE_KAFKA_SASL_USERNAME/PASSWORD (KVPIPE_KAFKA_LOCAL_SECURE)")
 @bootstrap_server_option()
-def up(partitions: int | None, brokers: int | None, timeout: float, secure: bool, bootstrap_server: str | None) -> int:
+@log_level_option()
+def up(partitions: int | None, brokers: int | None, timeout: float, secure: bool, bootstrap_server: str | None,
+       log_level: str) -> int:
+    configure_logging(log_level)
     apply_bootstrap(bootstrap_server)
-    overrides = {"partitions": partitions, "kafka_brokers": brokers, "kafka_local_secure": True if secure else None}
+    overrides = {"partitions": partitions, "kafka_local_brokers": brokers, "kafka_local_secure": True if secure else None}
     return _run("up", overrides, lambda s: cmd_up(s, timeout))
 
 
@@ -198,7 +222,9 @@ def up(partitions: int | None, brokers: int | None, timeout: float, secure: bool
                     "Nothing else is touched; an external cluster (--bootstrap-server) is never stopped.")
 @click.option("--purge", is_flag=True, help="also delete the broker's data dir (all topics)")
 @bootstrap_server_option()
-def down(purge: bool, bootstrap_server: str | None) -> int:
+@log_level_option()
+def down(purge: bool, bootstrap_server: str | None, log_level: str) -> int:
+    configure_logging(log_level)
     apply_bootstrap(bootstrap_server)
     return _run("down", {}, lambda s: cmd_down(s, purge))
 
@@ -206,10 +232,13 @@ def down(purge: bool, bootstrap_server: str | None) -> int:
 @infra.command("status", short_help="show pid, bootstrap and topics; exit 0 if up, 3 if down",
                help="Show what runs where. Exit status 0 if the broker answers, 3 if not.")
 @click.option("--all", "all_topics", is_flag=True, help="include internal topics (__consumer_offsets, ...)")
+@output_option(help="what runs where, as lines for people or as one JSON object (the exit status is the same)")
 @bootstrap_server_option()
-def status(all_topics: bool, bootstrap_server: str | None) -> int:
+@log_level_option()
+def status(all_topics: bool, output: str, bootstrap_server: str | None, log_level: str) -> int:
+    configure_logging(log_level)
     apply_bootstrap(bootstrap_server)
-    return _run("status", {}, lambda s: cmd_status(s, all_topics))
+    return _run("status", {}, lambda s: cmd_status(s, all_topics, output))
 
 
 def main(argv: list[str] | None = None) -> int:

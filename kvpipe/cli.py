@@ -23,10 +23,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "processor": ("kvpipe.processors.routing.cli:processor", "run the routing index app (Faust; /route, /nodes, /stats)"),
     "analytics": ("kvpipe.processors.analytics.cli:analytics", "run the analytics app (Faust; rows to ClickHouse, /sql)"),
     "route": ("kvpipe.processors.routing.cli:route", "ask a running processor which nodes hold a prefix"),
+    "nodes": ("kvpipe.apps:nodes", "list the nodes a running processor knows (its /nodes, every page)"),
+    "stats": ("kvpipe.apps:stats", "print a running app's /stats (the processor's, or --analytics)"),
     "sql": ("kvpipe.processors.analytics.cli:sql", "run a read-only SQL query (or a saved one) on the analytics store"),
     "plan": ("kvpipe.processors.analytics.cli:plan", "the capacity curve: hits N more/fewer cache blocks would give"),
     "report": ("kvpipe.processors.analytics.cli:report", "write the capacity-planning report (self-contained HTML)"),
     "inspect": ("kvpipe.producer.inspect:inspect", "decode a vLLM payload, ZMQ capture or kvpipe envelope to JSON"),
+    "config": ("kvpipe.configcmd:config", "show the effective settings and where each came from; the settings file's schema"),
     "demo": ("kvpipe.demo:demo", "run the whole pipeline end to end on the embedded defaults"),
     "bench": ("kvpipe.bench:bench", "run a benchmark; last stdout line is one JSON object"),
 }

@@ -122,7 +122,7 @@ class Demo:
             prefixes = self.state / f"{node_id}-prefixes.json"
             cmd = [sys.executable, "-m", "kvpipe", "node", "--node-id", node_id, "--seed", str(seed),
                    "--steps", str(self.args.steps), "--groups", MODEL, "--rate", str(self.args.rate),
-                   "--export-prefixes", str(prefixes), "--json",
+                   "--export-prefixes", str(prefixes), "-o", "json",
                    *(a.format(half=self.args.steps // 2) for a in extra)]
             out = open(self.state / f"{node_id}.out", "w")
             err = open(self.state / f"{node_id}.log", "w")

@@ -1,6 +1,12 @@
 """`kvpipe inspect FILE|-`: decode whatever KV-event bytes you have to JSON, one object per batch.
 
 \b
+Output (-o): jsonl (the default) is one JSON object per line as each batch is decoded: a capture may
+hold millions of batches, and a line per object streams in constant memory into `jq` or `grep`
+(--json is its older spelling). json is the same objects as one JSON array; table one line per
+event (where it came from, batch kind, node, time, rank, event, group, medium, blocks, hashes).
+
+\b
 Recognised inputs (FILE, or - for stdin), from the first bytes:
 - a kvpipe ZMQ recording (`kvpipe.producer.bridge.recording`, magic `KVPREC01`);
 - a capture of raw ZMQ frames, each a 4-byte big-endian length and the frame (`kvpipe.producer.frame_capture`);
@@ -32,7 +38,7 @@ from kvpipe.schemas.codec import (
     decode_envelope,
     decode_vllm_batch,
 )
-from kvpipe.schemas.cliopts import Command, json_option, run
+from kvpipe.schemas.cliopts import Command, configure_logging, log_level_option, output_option, run
 from kvpipe.schemas.envelope import Envelope
 from kvpipe.schemas.events import Event
 
@@ -212,11 +218,14 @@ def decode_directory(path: str, max_bytes: int, hex_ints: bool) -> Iterator[dict
 @click.option("--hashes", type=click.Choice(("int", "hex")), default="int", show_default=True,
               help="how to print int block hashes")
 @click.option("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, show_default=True, help="largest message to accept")
-@json_option(help="JSON lines, one object per message (the only output format; accepted for symmetry)")
-def inspect(file: str, hashes: str, max_bytes: int, as_json: bool) -> int:
+@output_option(("jsonl", "json", "table"), default="jsonl", json_means="jsonl",
+               help="JSON lines (one object per batch), one JSON array, or a table of events")
+@log_level_option()
+def inspect(file: str, hashes: str, max_bytes: int, output: str, log_level: str) -> int:
+    configure_logging(log_level)
     hex_ints = hashes == "hex"
-    encoder = msgspec.json.Encoder()
     out = sys.stdout.buffer
+    write = _writer(output, out)
     tmp: str | None = None
     try:
         if file != "-" and os.path.isdir(file):
@@ -235,7 +244,8 @@ def inspect(file: str, hashes: str, max_bytes: int, as_json: bool) -> int:
                 path = tmp
             objects = decode_bytes(data, path, max_bytes, hex_ints)
         for obj in objects:
-            out.write(encoder.encode(obj) + b"\n")
+            write(obj)
+        write(None)
         out.flush()
     except (DecodeError, ValueError) as exc:  # RecordingError is a ValueError
         out.flush()
@@ -248,6 +258,70 @@ def inspect(file: str, hashes: str, max_bytes: int, as_json: bool) -> int:
         if tmp:
             os.unlink(tmp)
     return 0
+
+
+def _writer(output: str, out: Any) -> Any:
+    """`write(obj)` for each decoded object, then `write(None)` at the end, in format `output`: each
+    object goes out as it is decoded (no format holds the whole input)."""
+    encoder = msgspec.json.Encoder()
+    count = 0
+
+    def write(obj: dict[str, Any] | None) -> None:
+        nonlocal count
+        if output == "jsonl":
+            if obj is not None:
+                out.write(encoder.encode(obj) + b"\n")
+        elif output == "json":  # an array written as it goes: "[" before the first object, "]" after the last
+            if obj is None:
+                out.write(b"]\n" if count else b"[]\n")
+            else:
+                out.write((b",\n" if count else b"[\n") + encoder.encode(obj))
+        else:
+            if count == 0:
+                out.write(_table_line([name for name, _ in TABLE_COLUMNS]))
+            for row in ([] if obj is None else table_rows(obj)):
+                out.write(_table_line(row))
+        count += obj is not None
+    return write
+
+
+# `-o table`: one line per event, columns padded to these widths (a longer value widens its line only:
+# the table streams, so no width is known in advance); the hashes come last, unpadded.
+TABLE_COLUMNS = (("where", 14), ("kind", 10), ("node", 12), ("ts", 16), ("rank", 4), ("event", 16), ("group", 5),
+                 ("medium", 6), ("blocks", 6), ("hashes", 0))
+
+
+def _table_line(cells: list[str]) -> bytes:
+    line = "  ".join(cell.ljust(width) for cell, (_, width) in zip(cells, TABLE_COLUMNS))
+    return line.rstrip().encode() + b"\n"
+
+
+def table_rows(obj: dict[str, Any]) -> list[list[str]]:
+    """The `-o table` rows of one decoded object: one per event; one for a batch without events (a
+    heartbeat envelope says so)."""
+    where = (f"{obj['file']}" if "file" in obj else "") + (
+        f"@{obj['offset']}" if "offset" in obj else f"#{obj.get('zmq', {}).get('seq')}")
+    if obj["kind"] == "envelope":
+        node = str(obj["envelope"].get("node_id", ""))
+    else:
+        node = str((obj.get("zmq") or {}).get("topic") or "")
+    ts = obj.get("ts")
+    head = [where, obj["kind"], node, "" if ts is None else f"{ts:.3f}", _text(obj.get("data_parallel_rank"))]
+    events = obj.get("events") or []
+    if not events:
+        heartbeat = obj["kind"] == "envelope" and obj["envelope"].get("heartbeat")
+        return [head + ["(heartbeat)" if heartbeat else "(no events)", "", "", "", ""]]
+    rows = []
+    for event in events:
+        hashes = event.get("block_hashes") or []
+        shown = " ".join(str(h) for h in hashes[:2]) + (f" … {hashes[-1]}" if len(hashes) > 2 else "")
+        rows.append(head + [event.get("type", ""), _text(event.get("group_idx")), _text(event.get("medium")),
+                            str(len(hashes)) if "block_hashes" in event else "", shown])
+    return rows
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,156 +1,213 @@
 """One typed settings Struct for every kvpipe process.
 
-Resolution order (later wins): the defaults below, which work on one machine out of the box → a
-TOML file (`KVPIPE_CONFIG=path`, else `./kvpipe.toml` if present; keys are the field names) →
-environment variables `KVPIPE_<FIELD>` (upper case, e.g. `KVPIPE_KAFKA_BOOTSTRAP`). Values are
-decoded by msgspec, so a wrong type fails at start with the field's name, not deep in a run.
+Resolution order (later wins): the defaults below, which work on one machine out of the box → the
+settings file, a TOML file whose keys are the field names, read only when named (`--config FILE` on
+any command, or `KVPIPE_CONFIG=FILE`: a file found in the working directory is not read, so where a
+process starts does not change what it runs with) → environment variables `KVPIPE_<FIELD>` (upper
+case, e.g. `KVPIPE_KAFKA_BOOTSTRAP`) → a command's own flags. Values are decoded by msgspec, so a wrong
+type fails at start with the field's name and where the value came from, not deep in a run. The
+layers, unknown keys and unknown `KVPIPE_*` names: kvpipe.schemas.configlayers; contradictions between
+settings: kvpipe.schemas.settingscheck; the reference: docs/settings.md (`kvpipe config show` prints the
+effective values).
 """
 from __future__ import annotations
 
 import ipaddress
 import os
 import ssl
-import tomllib
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import msgspec
 
+from kvpipe.schemas.configlayers import Layers, gather, parse_properties, read_file
+from kvpipe.schemas.configlayers import SettingsError as SettingsError
+from kvpipe.schemas.redact import masked, read_secret
+from kvpipe.schemas.settingscheck import validate
 
-class SettingsError(ValueError):
-    pass
+
+def Doc(text: str) -> msgspec.Meta:
+    """A setting's description, for its user: the reference and the schema carry it (Annotated metadata)."""
+    return msgspec.Meta(description=text)
 
 
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    # where local state lives: Kafka data, chDB files, processor snapshots, pid files
-    state_dir: str = ".kvpipe"
+    """Every kvpipe setting. A field's description (`Doc`) is the user's documentation: docs/settings.md and
+    infra/kvpipe.schema.json are generated from this type (tests/unit/test_settings_reference.py), so a
+    setting without one fails the tests."""
 
-    # Kafka: empty bootstrap = the local broker that `kvpipe infra up` runs
-    kafka_bootstrap: str = ""
-    kafka_port: int = 19092
-    kafka_controller_port: int = 19093
-    kafka_version: str = "3.9.1"
-    kafka_heap: str = "768m"
-    # nodes of the local cluster (`kvpipe infra up --brokers N`); clients bootstrap from all of them
-    kafka_brokers: int = 1
-    events_topic: str = "kv-events"
-    dlq_topic: str = "kv-events-dlq"
-    snapshot_topic: str = "kv-index-snapshots"
-    partitions: int = 4
+    state_dir: Annotated[str, Doc("where local state lives: Kafka data, chDB files, processor snapshots, pid files "
+                                  "(`--datadir`)")] = ".kvpipe"
+    log_level: Annotated[str, Doc("level of kvpipe's and Faust's loggers: debug, info, warning, error, critical "
+                                  "(`--log-level`); empty: the command's own default")] = ""
+
+    # Kafka
+    kafka_bootstrap: Annotated[str, Doc("Kafka brokers, HOST:PORT[,...] (`--bootstrap-server`); empty: the local "
+                                        "broker that `kvpipe infra up` runs")] = ""
+    kafka_port: Annotated[int, Doc("port of the local broker's plaintext listener")] = 19092
+    kafka_controller_port: Annotated[int, Doc("port of the local broker's KRaft controller")] = 19093
+    kafka_version: Annotated[str, Doc("Apache Kafka release `kvpipe infra up` downloads and runs")] = "3.9.1"
+    kafka_heap: Annotated[str, Doc("JVM heap of each local broker node")] = "768m"
+    # A count, so not `kafka_brokers`, its old name (RENAMED): to Kafka and Faust "brokers" are addresses.
+    kafka_local_brokers: Annotated[int, Doc("how many nodes the local cluster runs (`kvpipe infra up --brokers N`); "
+                                            "clients bootstrap from all of them")] = 1
+    events_topic: Annotated[str, Doc("topic of the KV events: producers write it, both apps consume it")] = "kv-events"
+    dlq_topic: Annotated[str, Doc("dead-letter topic: messages the apps cannot use, with the reason")] = "kv-events-dlq"
+    snapshot_topic: Annotated[str, Doc("compacted topic of the routing app's index snapshots")] = "kv-index-snapshots"
+    partitions: Annotated[int, Doc("partitions of the topics kvpipe creates; the most workers one app's group "
+                                   "can use")] = 4
+    kafka_properties: Annotated[dict[str, str | int | float | bool], Doc(
+        "more Kafka client properties, as Kafka names them (a TOML table; a JSON object in the environment): given "
+        "to every librdkafka client; the Faust apps take those with an aiokafka equivalent and refuse the rest. "
+        "Properties a setting owns are refused (docs/settings.md)")] = {}
+    kafka_properties_file: Annotated[str, Doc("a Java .properties file of more Kafka client properties (Kafka's "
+                                              "`--command-config`), merged under kafka_properties")] = ""
 
     # wire
-    max_message_bytes: int = 8 * 1024 * 1024
+    max_message_bytes: Annotated[int, Doc("largest message kvpipe writes or accepts (one node step's events)")] = \
+        8 * 1024 * 1024
 
     # producer
-    producer_queue_batches: int = 10_000  # bounded queue in front of the background sender
-    heartbeat_s: float = 2.0
-    specs_every_s: float = 30.0  # group specs resent at least this often
-    linger_ms: float = 5.0
-    compression: str = "lz4"
+    producer_queue_batches: Annotated[int, Doc("bounded queue in front of the producer's background sender, in "
+                                               "batches")] = 10_000
+    heartbeat_s: Annotated[float, Doc("a producer sends its node's heartbeat (load, liveness) this often")] = 2.0
+    specs_every_s: Annotated[float, Doc("a producer resends its node's group specs at least this often")] = 30.0
+    linger_ms: Annotated[float, Doc("producer linger: how long a batch waits for more events (librdkafka "
+                                    "`linger.ms`)")] = 5.0
+    compression: Annotated[str, Doc("producer compression codec (librdkafka `compression.type`)")] = "lz4"
 
     # processor
-    processor_id: str = "kvpipe-processor"
-    web_host: str = "127.0.0.1"
-    web_port: int = 6066
-    node_ttl_s: float = 30.0
-    snapshot_every_s: float = 10.0
-    snapshot_timeout_s: float = 60.0  # a snapshot not acknowledged by then fails, counted in /stats
-    # how fetched events reach the index: "batch" (a partition's fetched run per call,
-    # processors/core/batchdelivery.py) or "message" (one at a time through Faust's stream; the fallback)
-    processor_delivery: Literal["batch", "message"] = "batch"
+    processor_id: Annotated[str, Doc("the routing app's Faust id, which is its consumer group "
+                                     "(`kvpipe processor --processor-id`)")] = "kvpipe-processor"
+    web_host: Annotated[str, Doc("address both apps' HTTP servers bind (`--web-bind`); beyond loopback only with "
+                                 "a token or `insecure`")] = "127.0.0.1"
+    web_port: Annotated[int, Doc("HTTP port of the routing app, the route API (`kvpipe processor --web-port`)")] = 6066
+    node_ttl_s: Annotated[float, Doc("a node silent this long expires: it leaves routing")] = 30.0
+    snapshot_every_s: Annotated[float, Doc("how often each app snapshots its index to Kafka")] = 10.0
+    snapshot_timeout_s: Annotated[float, Doc("a snapshot not acknowledged by then fails, counted in /stats")] = 60.0
+    processor_delivery: Annotated[Literal["batch", "message"], Doc(
+        "how fetched events reach the index: `batch` (a partition's fetched run per call, "
+        "processors/core/batchdelivery.py) or `message` (one at a time through Faust's stream; the "
+        "fallback)")] = "batch"
 
     # analytics app (`kvpipe analytics`): its own Faust app and consumer group on the events topic
-    analytics_id: str = "kvpipe-analytics"
-    analytics_web_port: int = 6067
-    analytics_snapshot_topic: str = "kv-analytics-snapshots"
-    clickhouse_dsn: str = ""  # empty = embedded chDB under state_dir/analytics
-    analytics_batch_rows: int = 5000
-    analytics_flush_s: float = 1.0
-    analytics_max_queue_rows: int = 100_000  # rows waiting for the store before consumption pauses
-    analytics_retry_max_s: float = 30.0  # longest back-off between write retries while the store refuses
-    # re-stores + LRU stack distances for capacity planning (kv_restores, `kvpipe plan`); off saves the
-    # per-stored-block tracking cost (BENCHMARKS.md, analytics) when nobody plans capacity
-    analytics_capacity: bool = True
+    analytics_id: Annotated[str, Doc("the analytics app's Faust id, which is its consumer group")] = "kvpipe-analytics"
+    analytics_web_port: Annotated[int, Doc("HTTP port of the analytics app (/sql, /stats, /metrics)")] = 6067
+    analytics_snapshot_topic: Annotated[str, Doc("compacted topic of the analytics app's own index "
+                                                 "snapshots")] = "kv-analytics-snapshots"
+    clickhouse_dsn: Annotated[str, Doc("the analytics store: `http(s)://user@host:8123/db` (a ClickHouse server) or "
+                                       "`chdb:///path`; empty: embedded chDB under state_dir/analytics. A password "
+                                       "here is masked in output; clickhouse_password_file keeps it out")] = ""
+    clickhouse_password_file: Annotated[str, Doc("a file holding the ClickHouse server user's password (a trailing "
+                                                 "newline is stripped), read when a client connects")] = ""
+    clickhouse_ca_cert: Annotated[str, Doc("PEM bundle of the CA that signed the ClickHouse server's certificate "
+                                           "(an https DSN; empty: the system's CAs)")] = ""
+    clickhouse_verify: Annotated[bool, Doc("verify the ClickHouse server's TLS certificate (an https DSN); turn off "
+                                           "only for a test server")] = True
+    analytics_batch_rows: Annotated[int, Doc("rows per insert into the store")] = 5000
+    analytics_flush_s: Annotated[float, Doc("a partial batch is written after this long")] = 1.0
+    analytics_max_queue_rows: Annotated[int, Doc("rows waiting for the store before consumption pauses")] = 100_000
+    analytics_retry_max_s: Annotated[float, Doc("longest back-off between write retries while the store "
+                                                "refuses")] = 30.0
+    analytics_capacity: Annotated[bool, Doc(
+        "track re-stores and LRU stack distances for capacity planning (kv_restores, `kvpipe plan`); off saves "
+        "the per-stored-block tracking cost (BENCHMARKS.md, analytics) when nobody plans capacity")] = True
 
     # analyst SQL (served by the analytics app): limits the engine enforces per query
-    sql_max_execution_s: float = 30.0
-    sql_max_memory_bytes: int = 1 << 30
-    sql_max_result_rows: int = 100_000
-    sql_max_result_bytes: int = 64 << 20
-    sql_max_concurrent: int = 2
+    sql_max_execution_s: Annotated[float, Doc("analyst SQL: longest a query may run")] = 30.0
+    sql_max_memory_bytes: Annotated[int, Doc("analyst SQL: memory one query may use")] = 1 << 30
+    sql_max_result_rows: Annotated[int, Doc("analyst SQL: rows one result may have")] = 100_000
+    sql_max_result_bytes: Annotated[int, Doc("analyst SQL: bytes one result may have")] = 64 << 20
+    sql_max_concurrent: Annotated[int, Doc("analyst SQL: queries one analytics app runs at once")] = 2
 
     # -- security (docs/security.md) --------------------------------------------------------------
     # Secrets below never reach a log line: `repr()` masks them (see __repr__) and the Kafka client
     # configs are built here, in one place, so no caller formats them into a message.
-    #
-    # HTTP: a bearer token every kvpipe HTTP endpoint but /health requires once it is set.
-    api_token: str = ""  # KVPIPE_API_TOKEN
-    api_token_file: str = ""  # a file holding the token (a trailing newline is stripped)
-    insecure: bool = False  # allow a non-loopback web_host without a token
+    api_token: Annotated[str, Doc("bearer token every kvpipe HTTP endpoint but /health and /openapi.json requires "
+                                  "once it is set; masked in output")] = ""
+    api_token_file: Annotated[str, Doc("a file holding the token (a trailing newline is stripped)")] = ""
+    insecure: Annotated[bool, Doc("allow a non-loopback web_host without a token (`--insecure`)")] = False
     # Kafka: the same settings drive every client (confluent-kafka, aiokafka under Faust).
-    kafka_security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
-    kafka_sasl_mechanism: str = ""  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 | OAUTHBEARER (empty: PLAIN)
-    kafka_sasl_username: str = ""
-    kafka_sasl_password: str = ""
-    kafka_sasl_password_file: str = ""
-    kafka_ssl_cafile: str = ""  # PEM bundle of the CA that signed the brokers' certificates (empty: system CAs)
-    kafka_ssl_certfile: str = ""  # client certificate (mutual TLS), PEM
-    kafka_ssl_keyfile: str = ""  # its private key, PEM (empty: inside certfile)
-    kafka_ssl_key_password: str = ""
-    kafka_ssl_check_hostname: bool = True
-    # OAUTHBEARER: OIDC client-credentials grant against this token endpoint
-    kafka_oauth_token_url: str = ""
-    kafka_oauth_client_id: str = ""
-    kafka_oauth_client_secret: str = ""
-    kafka_oauth_scope: str = ""
-    # `kvpipe infra up --secure`: the local broker also listens with SASL (PLAIN, SCRAM-SHA-512)
-    # on these ports, without and with TLS; the plaintext listener on kafka_port stays.
-    kafka_local_secure: bool = False
-    kafka_sasl_port: int = 19094
-    kafka_sasl_ssl_port: int = 19095
-
+    kafka_security_protocol: Annotated[str, Doc("PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, for every Kafka "
+                                                "client")] = "PLAINTEXT"
+    kafka_sasl_mechanism: Annotated[str, Doc("PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER (empty: "
+                                             "PLAIN)")] = ""
+    kafka_sasl_username: Annotated[str, Doc("SASL user name")] = ""
+    kafka_sasl_password: Annotated[str, Doc("SASL password; masked in output")] = ""
+    kafka_sasl_password_file: Annotated[str, Doc("a file holding the SASL password")] = ""
+    kafka_ssl_cafile: Annotated[str, Doc("PEM bundle of the CA that signed the brokers' certificates (empty: the "
+                                         "system's CAs)")] = ""
+    kafka_ssl_certfile: Annotated[str, Doc("client certificate for mutual TLS, PEM")] = ""
+    kafka_ssl_keyfile: Annotated[str, Doc("its private key, PEM (empty: inside the certificate file)")] = ""
+    kafka_ssl_key_password: Annotated[str, Doc("the private key's password; masked in output")] = ""
+    kafka_ssl_check_hostname: Annotated[bool, Doc("check that the broker's certificate names the host "
+                                                  "connected to")] = True
+    kafka_oauth_token_url: Annotated[str, Doc("OAUTHBEARER: the OIDC token endpoint (client-credentials "
+                                              "grant)")] = ""
+    kafka_oauth_client_id: Annotated[str, Doc("OAUTHBEARER: the client id")] = ""
+    kafka_oauth_client_secret: Annotated[str, Doc("OAUTHBEARER: the client secret; masked in output")] = ""
+    kafka_oauth_scope: Annotated[str, Doc("OAUTHBEARER: the scope asked for (empty: none)")] = ""
+    kafka_local_secure: Annotated[bool, Doc(
+        "`kvpipe infra up --secure`: the local broker also listens with SASL (PLAIN, SCRAM-SHA-512) on "
+        "kafka_sasl_port and, with TLS, kafka_sasl_ssl_port; the plaintext listener on kafka_port stays")] = False
+    kafka_sasl_port: Annotated[int, Doc("the local broker's SASL_PLAINTEXT listener")] = 19094
+    kafka_sasl_ssl_port: Annotated[int, Doc("the local broker's SASL_SSL listener")] = 19095
 
     # hardening (RELIABILITY.md): bounds on what hostile or broken input can do to the processor
-    max_clock_skew_s: float = 10.0  # a node's ts beyond the trusted clock + this is clamped (and counted)
-    node_retention_s: float = 3600.0  # an expired node's last state stays in /nodes this long, then is forgotten
-    max_nodes: int = 100_000  # node ids one processor tracks; new ids past it are refused (counted)
-    max_blocks_per_slot: int = 1_000_000  # hashes one node may hold per (group, medium); more are refused
-    max_slots_per_node: int = 64  # (group, medium) pairs per node: vLLM models have a handful of groups
-    dlq_copy_max_bytes: int = 512 * 1024  # larger bad messages go to the DLQ as an excerpt, never whole
-    dlq_excerpt_bytes: int = 1024
-    http_max_body_bytes: int = 8 * 1024 * 1024
-    http_max_json_depth: int = 32
-    http_read_timeout_s: float = 10.0
+    max_clock_skew_s: Annotated[float, Doc("a node's timestamp beyond the trusted clock plus this is clamped "
+                                           "(and counted)")] = 10.0
+    node_retention_s: Annotated[float, Doc("an expired node's last state stays in /nodes this long, then is "
+                                           "forgotten")] = 3600.0
+    max_nodes: Annotated[int, Doc("node ids one processor tracks; new ids past it are refused (counted)")] = 100_000
+    max_blocks_per_slot: Annotated[int, Doc("hashes one node may hold per (group, medium); more are "
+                                            "refused")] = 1_000_000
+    max_slots_per_node: Annotated[int, Doc("(group, medium) pairs per node: vLLM models have a handful of "
+                                           "groups")] = 64
+    dlq_copy_max_bytes: Annotated[int, Doc("larger bad messages go to the DLQ as an excerpt, never "
+                                           "whole")] = 512 * 1024
+    dlq_excerpt_bytes: Annotated[int, Doc("bytes of a bad message its DLQ excerpt keeps")] = 1024
+    http_max_body_bytes: Annotated[int, Doc("largest HTTP request body the apps read")] = 8 * 1024 * 1024
+    http_max_json_depth: Annotated[int, Doc("deepest JSON nesting an HTTP request body may have")] = 32
+    http_read_timeout_s: Annotated[float, Doc("a client that has not sent its whole request by then is "
+                                              "dropped")] = 10.0
 
     # router (/route, /route/sent, /route/finished: processors/router/, processors/router/serving.py)
-    route_inflight_ttl_s: float = 30.0  # a sent request's speculative blocks and load last this long at most
-    route_inflight_max_requests: int = 100_000  # in-flight records per worker; the oldest go first
-    route_inflight_max_entries: int = 2_000_000  # speculative (node, group, hash) entries per worker
-    route_stale_after_s: float = 15.0  # a node silent longer than this ranks after live ones ("stale")
-    # the native route server (processors/routing/routeserve.py): POST /route answered on `route_threads` native
-    # threads beside ingest, everything else passed to this app's web port; 0 = off
-    route_port: int = 0
-    route_threads: int = 0  # 0: one per core this process may run on
-    route_reuse_port: bool = False  # SO_REUSEPORT: router replicas on one host share route_port
-    route_nice: int = 5  # niceness of its threads: on busy cores ingest (nice 0) runs before queries
-    route_refresh_s: float = 0.005  # how often the nodes' live state (load, suspect, last seen) reaches it
-    # the hit search: "native" (native/, built by infra/scripts/venv.sh; the Python one when it is not
-    # importable) or "python" (gpu/hit.py, the reference): equal answers, the native one is faster
-    route_search_engine: Literal["native", "python"] = "native"
-    # where the index keeps its blocks (processors/core/slots.py): "native" (native/; the dict reference
-    # when it is not importable) or "python" (the reference): equal answers, native is smaller and faster
-    index_store: Literal["native", "python"] = "native"
-    # refuse to start without the native core (KVPIPE_REQUIRE_NATIVE=1): where it is missing or stale, the apps
-    # otherwise run on the Python engine and say why at start-up (processors/core/native.py)
-    require_native: bool = False
+    route_inflight_ttl_s: Annotated[float, Doc("a sent request's speculative blocks and load last this long at "
+                                               "most")] = 30.0
+    route_inflight_max_requests: Annotated[int, Doc("in-flight request records per worker; the oldest go "
+                                                    "first")] = 100_000
+    route_inflight_max_entries: Annotated[int, Doc("speculative (node, group, hash) entries per "
+                                                   "worker")] = 2_000_000
+    route_stale_after_s: Annotated[float, Doc("a node silent longer than this ranks after live ones "
+                                              "(`stale`)")] = 15.0
+    # the native route server: processors/routing/routeserve.py
+    route_port: Annotated[int, Doc("port of the native route server: POST /route answered on native threads beside "
+                                   "ingest, every other request passed to this app's web port; 0: off")] = 0
+    route_threads: Annotated[int, Doc("threads of the native route server; 0: one per core this process may "
+                                      "run on")] = 0
+    route_reuse_port: Annotated[bool, Doc("SO_REUSEPORT: router replicas on one host share "
+                                          "route_port")] = False
+    route_nice: Annotated[int, Doc("niceness of the route server's threads: on busy cores ingest (nice 0) runs "
+                                   "before queries")] = 5
+    route_refresh_s: Annotated[float, Doc("how often the nodes' live state (load, suspect, last seen) reaches the "
+                                          "route server")] = 0.005
+    route_search_engine: Annotated[Literal["native", "python"], Doc(
+        "the hit search: `native` (native/; the Python one when it is not importable) or `python` (gpu/hit.py, "
+        "the reference): equal answers, the native one is faster")] = "native"
+    index_store: Annotated[Literal["native", "python"], Doc(
+        "where the index keeps its blocks (processors/core/slots.py): `native` (native/; the dict reference when "
+        "it is not importable) or `python` (the reference): equal answers, native is smaller and faster")] = "native"
+    require_native: Annotated[bool, Doc(
+        "refuse to start without the native core; where it is missing or stale the apps otherwise run on the "
+        "Python engine and say why at start-up (processors/core/native.py)")] = False
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{name}={_masked(name, getattr(self, name))!r}" for name in _FIELDS)
+        shown = ", ".join(f"{name}={masked(name, getattr(self, name))!r}" for name in _FIELDS)
         return f"Settings({shown})"
 
     def __rich_repr__(self):
         for name in _FIELDS:
-            yield name, _masked(name, getattr(self, name))
+            yield name, masked(name, getattr(self, name))
 
     def bootstrap(self) -> str:
         if self.kafka_bootstrap:
@@ -158,8 +215,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         # The local broker (`kvpipe infra up --secure`) has one listener per protocol.
         port = {"SASL_PLAINTEXT": self.kafka_sasl_port, "SASL_SSL": self.kafka_sasl_ssl_port}.get(
             self.kafka_security_protocol, self.kafka_port)
-        if self.kafka_brokers > 1:  # the local cluster's node k listens on kafka_port + 2(k-1) (infra/kafka/cluster.py)
-            return ",".join(f"127.0.0.1:{self.kafka_port + 2 * k}" for k in range(self.kafka_brokers))
+        if self.kafka_local_brokers > 1:  # the local cluster's node k listens on kafka_port + 2(k-1) (infra/kafka/cluster.py)
+            return ",".join(f"127.0.0.1:{self.kafka_port + 2 * k}" for k in range(self.kafka_local_brokers))
         return f"127.0.0.1:{port}"
 
     def is_local_kafka(self) -> bool:
@@ -176,18 +233,34 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def is_embedded_clickhouse(self) -> bool:
         return self.clickhouse().startswith("chdb://")
 
+    def clickhouse_client_kwargs(self, dsn: str | None = None) -> dict[str, Any]:
+        """clickhouse-connect `get_client` keyword arguments beside a server DSN (default: the store's; {} for
+        chDB): the password from clickhouse_password_file, read here at connect time and handed to the client
+        only (an explicit `password` wins over the DSN's), and the server's TLS options."""
+        dsn = self.clickhouse() if dsn is None else dsn
+        if not dsn.startswith(("http://", "https://")):
+            return {}
+        kwargs: dict[str, Any] = {}
+        if self.clickhouse_password_file:
+            kwargs["password"] = read_secret(self.clickhouse_password_file, "clickhouse_password_file")
+        if dsn.startswith("https://"):
+            kwargs["verify"] = self.clickhouse_verify
+            if self.clickhouse_ca_cert:
+                kwargs["ca_cert"] = self.clickhouse_ca_cert
+        return kwargs
+
     # -- security: resolved secrets and client configurations -------------------------------------
 
     def api_token_value(self) -> str:
         """The HTTP bearer token ("" = none configured): api_token, else api_token_file's content."""
         if self.api_token or not self.api_token_file:
             return self.api_token
-        return _read_secret(self.api_token_file, "api_token_file")
+        return read_secret(self.api_token_file, "api_token_file")
 
     def kafka_password(self) -> str:
         if self.kafka_sasl_password or not self.kafka_sasl_password_file:
             return self.kafka_sasl_password
-        return _read_secret(self.kafka_sasl_password_file, "kafka_sasl_password_file")
+        return read_secret(self.kafka_sasl_password_file, "kafka_sasl_password_file")
 
     def kafka_mechanism(self) -> str:
         """The SASL mechanism in use ("" when the protocol has no SASL)."""
@@ -206,9 +279,19 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         local = self.state_path("kafka", "tls", "ca.pem")
         return str(local) if local.is_file() else ""
 
+    def kafka_client_properties(self) -> dict[str, Any]:
+        """The pass-through client properties: kafka_properties_file's (read now, never printed), then
+        kafka_properties' on top. No key a setting owns (kvpipe.schemas.settingscheck refuses those)."""
+        props: dict[str, Any] = {}
+        if self.kafka_properties_file:
+            props.update(parse_properties(read_secret(self.kafka_properties_file, "kafka_properties_file")))
+        props.update(self.kafka_properties)
+        return props
+
     def kafka_confluent_security(self) -> dict[str, Any]:
-        """librdkafka properties for the security settings (merge into any client's config)."""
-        conf: dict[str, Any] = {"security.protocol": self.kafka_security_protocol}
+        """librdkafka properties for the security settings and the pass-through ones (merge into any client's
+        config; a client's own keys, such as a producer's `acks`, go on top)."""
+        conf: dict[str, Any] = {**self.kafka_client_properties(), "security.protocol": self.kafka_security_protocol}
         mechanism = self.kafka_mechanism()
         if mechanism == "OAUTHBEARER":
             conf.update({"sasl.mechanism": mechanism, "sasl.oauthbearer.method": "oidc",
@@ -261,23 +344,6 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return kwargs
 
 
-PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
-# Field names whose values are secrets: masked by Settings.__repr__ / __rich_repr__.
-SECRET_FIELDS = frozenset({"api_token", "kafka_sasl_password", "kafka_ssl_key_password", "kafka_oauth_client_secret"})
-
-
-def _masked(name: str, value: object) -> object:
-    return "***" if name in SECRET_FIELDS and value else value
-
-
-def _read_secret(path: str, field: str) -> str:
-    try:
-        return Path(path).read_text().rstrip("\r\n")
-    except OSError as exc:  # the reason (missing, permission), never the content
-        raise SettingsError(f"{field}: cannot read {path}: {exc.strerror}") from None
-
-
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -296,74 +362,38 @@ def exposure_problem(host: str, has_token: bool, insecure: bool) -> str | None:
             f"or pass --insecure to accept an open endpoint")
 
 
-def _validate_security(s: Settings) -> None:
-    """Contradictions that would otherwise surface as an opaque handshake failure much later."""
-    problems = []
-    if s.kafka_security_protocol not in PROTOCOLS:
-        problems.append(f"kafka_security_protocol={s.kafka_security_protocol!r}: expected one of {', '.join(PROTOCOLS)}")
-    sasl = s.kafka_security_protocol.startswith("SASL_")
-    if s.kafka_sasl_mechanism and s.kafka_sasl_mechanism not in MECHANISMS:
-        problems.append(f"kafka_sasl_mechanism={s.kafka_sasl_mechanism!r}: expected one of {', '.join(MECHANISMS)}")
-    elif s.kafka_sasl_mechanism and not sasl:
-        problems.append(f"kafka_sasl_mechanism={s.kafka_sasl_mechanism} needs kafka_security_protocol "
-                        f"SASL_PLAINTEXT or SASL_SSL (it is {s.kafka_security_protocol})")
-    if s.kafka_sasl_password and s.kafka_sasl_password_file:
-        problems.append("kafka_sasl_password and kafka_sasl_password_file are both set; keep one")
-    if s.api_token and s.api_token_file:
-        problems.append("api_token and api_token_file are both set; keep one")
-    mechanism = s.kafka_mechanism()
-    if mechanism == "OAUTHBEARER":
-        missing = [f for f in ("kafka_oauth_token_url", "kafka_oauth_client_id", "kafka_oauth_client_secret")
-                   if not getattr(s, f)]
-        if missing:
-            problems.append(f"kafka_sasl_mechanism=OAUTHBEARER needs {', '.join(missing)}")
-    elif mechanism:
-        if not s.kafka_sasl_username:
-            problems.append(f"kafka_sasl_mechanism={mechanism} needs kafka_sasl_username")
-        if not (s.kafka_sasl_password or s.kafka_sasl_password_file):
-            problems.append(f"kafka_sasl_mechanism={mechanism} needs kafka_sasl_password or kafka_sasl_password_file")
-    tls_files = [f for f in ("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile") if getattr(s, f)]
-    if tls_files and not s.kafka_uses_ssl():
-        problems.append(f"{', '.join(tls_files)} set but kafka_security_protocol={s.kafka_security_protocol} "
-                        f"has no TLS (use SSL or SASL_SSL)")
-    for field in tls_files + [f for f in ("api_token_file", "kafka_sasl_password_file") if getattr(s, f)]:
-        if not os.access(getattr(s, field), os.R_OK):
-            problems.append(f"{field}={getattr(s, field)}: not a readable file")
-    if s.kafka_ssl_keyfile and not s.kafka_ssl_certfile:
-        problems.append("kafka_ssl_keyfile needs kafka_ssl_certfile (the certificate the key belongs to)")
-    if problems:
-        raise SettingsError("invalid kvpipe security setting: " + "; ".join(problems))
-
-
 _FIELDS = {f.name: f.type for f in msgspec.structs.fields(Settings)}
 
 
-def _from_env(env: Mapping[str, str]) -> dict[str, str]:
-    out = {}
-    for name in _FIELDS:
-        key = f"KVPIPE_{name.upper()}"
-        if key in env:
-            out[name] = env[key]
-    return out
+# Settings renamed, old name → new. The old name is still read (a TOML key, a KVPIPE_ variable) with a
+# FutureWarning, the category Python shows users by default; where both are given the new one wins.
+RENAMED = {"kafka_brokers": "kafka_local_brokers"}
+
+
+def settings_layers(overrides: Mapping[str, object] | None = None, env: Mapping[str, str] | None = None) -> Layers:
+    """The values as given and where each came from (kvpipe.schemas.configlayers), before typing: what
+    `load_settings` types and `kvpipe config show` prints."""
+    return gather(_FIELDS, overrides, os.environ if env is None else env, json_fields=("kafka_properties",),
+                  renamed=RENAMED)
+
+
+def check_settings_file(path: str) -> None:
+    """SettingsError unless `path` is a settings file kvpipe can read: present, TOML, known keys only."""
+    read_file(path, [*_FIELDS, *RENAMED])
 
 
 def load_settings(overrides: Mapping[str, object] | None = None, env: Mapping[str, str] | None = None) -> Settings:
-    """Defaults ← TOML file ← KVPIPE_* environment ← explicit overrides (e.g. CLI flags)."""
-    env = os.environ if env is None else env
-    merged: dict[str, object] = {}
-    path = env.get("KVPIPE_CONFIG") or ("kvpipe.toml" if Path("kvpipe.toml").exists() else "")
-    if path:
-        try:
-            merged.update(tomllib.loads(Path(path).read_text()))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise SettingsError(f"cannot read settings file {path}: {exc}") from None
-    merged.update(_from_env(env))
-    if overrides:
-        merged.update({k: v for k, v in overrides.items() if v is not None})
+    """Defaults ← settings file ← KVPIPE_* environment ← explicit overrides (e.g. CLI flags)."""
+    return typed_settings(settings_layers(overrides, env))
+
+
+def typed_settings(layers: Layers) -> Settings:
     try:
         # strict=False lets "19092" from the environment become an int.
-        settings = msgspec.convert(merged, Settings, strict=False)
+        settings = msgspec.convert(layers.values, Settings, strict=False)
     except msgspec.ValidationError as exc:
-        raise SettingsError(f"invalid kvpipe setting: {exc}") from None
-    _validate_security(settings)
+        path = str(exc).rpartition("at `$.")[2].split("`")[0].split(".")[0].split("[")[0]
+        where = f" ({layers.source(path)})" if path in _FIELDS else ""
+        raise SettingsError(f"invalid kvpipe setting: {exc}{where}") from None
+    validate(settings, layers.source)
     return settings

@@ -1,9 +1,10 @@
 """`kvpipe node`: run one simulated serving node and publish its KV events to Kafka.
 
 \b
-    kvpipe node --node-id n1 --steps 500 --groups full:16,sliding_window:16:128,mamba:16 --json
+    kvpipe node --node-id n1 --steps 500 --groups full:16,sliding_window:16:128,mamba:16 -o json
 
-The last stdout line is the summary JSON with `--json` (`--summary-json` is its older spelling); progress goes to stderr only with
+At the end the run's summary on stdout: a table, or with `-o json` one JSON object, the last stdout line
+(`--json`, and `--summary-json` before it, are older spellings); progress goes to stderr only with
 `--progress`. Kafka settings come from `kvpipe.schemas.settings` (KVPIPE_* environment, kvpipe.toml).
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from kvpipe.gpu.node.node import CountingSink, Node, NodeConfig
 from kvpipe.gpu.node.workload import SyntheticConfig, SyntheticWorkload, TraceWorkload, Workload
 from kvpipe.gpu.specs import KVSpec, from_group_spec
 from kvpipe.schemas.cliopts import (Command, apply_bootstrap, bootstrap_server_option, configure_logging, deprecated,
-                             json_option, log_level_option, run)
+                                    log_level_option, mapping_table, output_option, run)
 from kvpipe.schemas.groupspec import GroupSpecError
 from kvpipe.schemas.groupspec import parse_groups as parse_group_specs
 
@@ -110,7 +111,8 @@ class _Retention(click.ParamType):
 @click.option("--restart-at", type=int, help="simulate a restart before this step (new epoch, empty cache)")
 @click.option("--export-prefixes", type=click.Path(dir_okay=False, path_type=Path),
               help="write system prompts and their block hashes as JSON")
-@json_option(help="print the run summary as JSON, the last stdout line", aliases=("--summary-json",))
+@output_option(help="the run summary on stdout: a table, or one JSON object (the last line)",
+               json_aliases=("--summary-json",))
 @bootstrap_server_option()
 @log_level_option()
 @click.option("--progress", is_flag=True, help="progress lines on stderr")
@@ -193,9 +195,5 @@ def _run_node(args: SimpleNamespace) -> int:
         if publisher is not None:
             publisher.close()
     summary = node.summary(elapsed, publisher)
-    if args.as_json:
-        print(json.dumps(summary, sort_keys=True))
-    else:
-        print(f"{args.node_id}: {summary['steps']} steps in {elapsed:.2f}s, {summary['requests']['finished']} "
-              f"requests finished, {summary['events']['total']} events", file=sys.stderr)
+    print(json.dumps(summary, sort_keys=True) if args.output == "json" else mapping_table(summary))
     return 0

@@ -1,4 +1,4 @@
-"""`kvpipe bench <name> [--json] [options]`: dispatch to the benchmark drivers, this package's modules.
+"""`kvpipe bench <name> [-o json] [options]`: dispatch to the benchmark drivers, this package's modules.
 
 They live here, not in the runtime packages they measure, with the helpers the tests share with them:
 `procrun` (a `kvpipe processor|analytics` child process), `testing_publisher` (a vLLM-like ZMQ
@@ -7,7 +7,8 @@ publisher), `fuzz` (hostile inputs), `workload` (a synthetic analytics store) an
 
 Contract for every benchmark function `run(argv) -> dict`: it measures the thing and a baseline in the
 same run and returns a dict with at least `bench`, `value`, `unit`, `baseline`, `ratio` (higher is
-better) plus details. This module prints it; with `--json` the last stdout line is that one object.
+better) plus details. This module prints it; with `-o json` (or `--json`) the last stdout line is that one
+object.
 A benchmark parses its own flags with a click command (`kvpipe.schemas.cliopts.Command`, run by
 `cliopts.run`): `kvpipe bench <name>` takes out the flags every benchmark shares and hands it the
 rest, `--help` included, untouched. `run` may return an exit code instead of a dict (after printing
@@ -23,13 +24,14 @@ from typing import Any
 import click
 
 from kvpipe.cli import LazyGroup
-from kvpipe.schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, configure_logging, json_option, \
-    log_level_option
+from kvpipe.schemas.cliopts import (Command, apply_bootstrap, bootstrap_server_option, configure_logging,
+                                    log_level_option, output_option)
 
 BENCHES: dict[str, tuple[str, str]] = {
     "producer": ("kvpipe.bench.producer:run", "publisher events/s vs raw confluent-kafka, publish() cost"),
     "ingest": ("kvpipe.bench.ingest:run", "index apply rate vs raw consumption, publish->route freshness"),
     "analytics": ("kvpipe.bench.analytics:run", "analytics app rows/s into chDB vs direct insert; routing freshness under SQL"),
+    "analytics-queries": ("kvpipe.bench.analytics_queries:run", "analytics write latency p50/p99 idle vs under analysts' heaviest queries; query caps and time limits"),
     "bridge": ("kvpipe.bench.bridge:run", "ZMQ -> Kafka forwarding rate vs raw publish rate"),
     "offload": ("kvpipe.bench.offload:run", "batched block copies GB/s vs one contiguous copy"),
     "manager": ("kvpipe.bench.manager:run", "scheduler steps/s and events/s of the hybrid manager"),
@@ -49,18 +51,18 @@ def bench_command(name: str) -> click.Command:
     target, desc = BENCHES[name]
 
     @click.command(name, cls=Command, help=desc, add_help_option=False, context_settings=_PASS_THROUGH)
-    @json_option(help="the result as one JSON object, the last stdout line")
+    @output_option(help="the result as one key per line, or as one JSON object, the last stdout line")
     @bootstrap_server_option()
     @log_level_option()
     @click.pass_context
-    def bench_one(ctx: click.Context, as_json: bool, bootstrap_server: str | None, log_level: str) -> int:
+    def bench_one(ctx: click.Context, output: str, bootstrap_server: str | None, log_level: str) -> int:
         apply_bootstrap(bootstrap_server)  # benchmarks load the settings themselves: the environment carries it
         configure_logging(log_level)
         module_name, func_name = target.split(":")
         result = getattr(importlib.import_module(module_name), func_name)(list(ctx.args))
         if not isinstance(result, dict):  # its help was asked for, or its flags were wrong
             return int(result or 0)
-        if as_json:
+        if output == "json":
             print(json.dumps(result, sort_keys=True))
         else:
             for key, value in result.items():
@@ -92,8 +94,8 @@ class BenchGroup(LazyGroup):
 
 @click.group("bench", cls=BenchGroup, table=BENCHES, invoke_without_command=True,
              help="Run a benchmark: it measures the thing and a baseline in the same run and prints the result "
-                  "(bench, value, unit, baseline, ratio: higher is better, details); with --json the last stdout "
-                  "line is one JSON object.")
+                  "(bench, value, unit, baseline, ratio: higher is better, details); with -o json (or --json) the "
+                  "last stdout line is one JSON object.")
 @click.pass_context
 def bench(ctx: click.Context) -> int:
     if ctx.invoked_subcommand is None:

@@ -29,6 +29,7 @@ import tempfile
 import time
 from typing import Any
 
+import click
 import clickhouse_connect
 
 from kvpipe.processors.analytics.migrations import apply_migrations
@@ -270,20 +271,35 @@ def saved_query_latency(rows: int = 10_000_000, dsn: str | None = None) -> dict:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`[rows]`: fill a temp store and time every saved query (and the tracker rebuild);
-    `--fill DSN rows`: fill a throwaway store and keep it; `--compare DSN [--rounds N] FILE...`: time query files
-    on it in turn (2 rounds unless told)."""
+@click.command("saved-queries", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--fill", "fill_to", nargs=2, type=(str, int), metavar="DSN ROWS",
+              help="fill a throwaway store at DSN with ROWS events and keep it")
+@click.option("--compare", "compare_dsn", metavar="DSN", help="time the query FILES on the store at DSN in turn")
+@click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True, help="rounds of --compare")
+@click.argument("rest", nargs=-1)
+def cli(fill_to: tuple[str, int] | None, compare_dsn: str | None, rounds: int, rest: tuple[str, ...]) -> None:
+    """`[ROWS]`: fill a temp store and time every saved query (and the tracker rebuild); `--fill DSN ROWS`;
+    `--compare DSN [--rounds N] FILE...`. Prints one JSON object."""
     import json
 
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--fill"]:
-        print(json.dumps(fill_store(args[1], int(args[2])), indent=2))
-    elif args[:1] == ["--compare"]:
-        rounds, files = (int(args[3]), args[4:]) if args[2:3] == ["--rounds"] else (2, args[2:])
-        print(json.dumps(compare_files(args[1], files, rounds), indent=2))
+    if fill_to is not None:
+        out: Any = fill_store(*fill_to)
+    elif compare_dsn is not None:
+        out = compare_files(compare_dsn, list(rest), rounds)
     else:
-        print(json.dumps(saved_query_latency(int(args[0]) if args else 10_000_000), indent=2))
+        if len(rest) > 1:
+            raise click.UsageError("at most one ROWS argument")
+        try:
+            rows = int(rest[0]) if rest else 10_000_000
+        except ValueError:
+            raise click.BadParameter(f"{rest[0]!r} is not a row count", param_hint="ROWS") from None
+        out = saved_query_latency(rows)
+    print(json.dumps(out, indent=2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command line of this module (BENCHMARKS.md runs it as `python -c "… import main; main()" ROWS`)."""
+    cli.main(args=sys.argv[1:] if argv is None else argv, prog_name="saved_queries")
 
 
 if __name__ == "__main__":

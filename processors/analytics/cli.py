@@ -11,7 +11,8 @@ import click
 
 from kvpipe.processors.analytics import formats
 from kvpipe.processors.core.appcli import worker_settings
-from kvpipe.schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, json_option, log_level_option
+from kvpipe.schemas.cliopts import (Command, apply_bootstrap, bootstrap_server_option, configure_logging,
+                                    datadir_option, json_option, log_level_option, output_option, web_bind_option)
 from kvpipe.schemas.settings import SettingsError, load_settings
 
 SCALING = (
@@ -28,16 +29,18 @@ SCALING = (
     "SQL (POST /sql) plus /stats /metrics /health.\n\nNo row is dropped: while the store refuses, "
     "inserts are retried with back-off and consumption pauses (the events topic's retention must "
     "cover the outage); progress advances only over rows the store acknowledged.\n\n" + SCALING))
-@click.option("--web-port", type=int, help="HTTP port of /sql and /stats (KVPIPE_ANALYTICS_WEB_PORT)")
-@click.option("--state-dir", help="local state directory; embedded chDB lives under it (KVPIPE_STATE_DIR)")
+@click.option("--web-port", type=int, help="HTTP port of this app, /sql and /stats (KVPIPE_ANALYTICS_WEB_PORT; "
+              "the routing app's is KVPIPE_WEB_PORT)")
+@datadir_option("analytics-app")
 @click.option("--topic", help="events topic to consume (KVPIPE_EVENTS_TOPIC)")
 @click.option("--analytics-id", help="Faust app id = consumer group (KVPIPE_ANALYTICS_ID)")
-@click.option("--clickhouse-dsn", help="chdb:///path or http(s)://user:pass@host:8123 (KVPIPE_CLICKHOUSE_DSN)")
-@click.option("--web-host", help="address the HTTP API binds (KVPIPE_WEB_HOST; loopback by default)")
+@click.option("--clickhouse-dsn", help="chdb:///path or http(s)://user:pass@host:8123 (KVPIPE_CLICKHOUSE_DSN; "
+              "default: embedded chDB under DIR/analytics of --datadir)")
+@web_bind_option()
 @click.option("--insecure", is_flag=True,
-              help="allow a non-loopback --web-host without an API token (KVPIPE_API_TOKEN)")
+              help="allow a non-loopback --web-bind without an API token (KVPIPE_API_TOKEN)")
 @bootstrap_server_option()
-@log_level_option(loglevel_alias=True)
+@log_level_option()
 def analytics(web_port: int | None, state_dir: str | None, topic: str | None, analytics_id: str | None,
               clickhouse_dsn: str | None, web_host: str | None, insecure: bool, bootstrap_server: str | None,
               log_level: str) -> int:
@@ -121,10 +124,12 @@ def _analytics_url(url: str | None) -> str:
 @json_option(help="same as --output json")
 @click.option("--url", help="analytics app base URL (embedded mode; default: "
                             "http://<web_host>:<analytics_web_port>)")
+@log_level_option()
 @click.pass_context
 def sql(ctx: click.Context, statement: str | None, query_text: str | None, saved: str | None,
         param_items: tuple[str, ...], list_saved: bool, fmt: str | None, output: str | None, as_json: bool,
-        url: str | None) -> int:
+        url: str | None, log_level: str) -> int:
+    configure_logging(log_level)
     _needs_the_analytics_extra()
     from kvpipe.processors.analytics.saved import list_queries, load_query
 
@@ -266,9 +271,11 @@ def _run_remote(prog: str, url: str | None, work):
 @click.option("--group-kind", default="", help="only this group kind (full_attention, sliding_window, mamba, ...)")
 @click.option("--extra", default="-0.5,-0.25,0,0.25,0.5,1,2,4", show_default=True,
               help="cache size changes as fractions of the observed capacity (comma-separated)")
-@json_option(help="print the curves and the method as JSON")
+@output_option(help="the curves as tables, or with the method as JSON")
 @click.option("--url", help="analytics app base URL (embedded mode)")
-def plan(node: str, group_kind: str, extra: str, as_json: bool, url: str | None) -> int:
+@log_level_option()
+def plan(node: str, group_kind: str, extra: str, output: str, url: str | None, log_level: str) -> int:
+    configure_logging(log_level)
     _needs_the_analytics_extra()
     from kvpipe.processors.analytics.plan import curves, render
 
@@ -276,7 +283,7 @@ def plan(node: str, group_kind: str, extra: str, as_json: bool, url: str | None)
     result = _run_remote("kvpipe plan", url, lambda target: curves(target, params))
     if result is None:
         return 1
-    print(json.dumps(result, default=str) if as_json else render(result))
+    print(json.dumps(result, default=str) if output == "json" else render(result))
     return 0
 
 
@@ -285,7 +292,9 @@ def plan(node: str, group_kind: str, extra: str, as_json: bool, url: str | None)
     "to view it) with every saved query's table, read through the analytics app (or a server DSN)."))
 @click.option("--out", default="report.html", help="output file (default: report.html)")
 @click.option("--url", help="analytics app base URL (embedded mode)")
-def report(out: str, url: str | None) -> int:
+@log_level_option()
+def report(out: str, url: str | None, log_level: str) -> int:
+    configure_logging(log_level)
     _needs_the_analytics_extra("matplotlib", "jinja2")
     from kvpipe.processors.analytics.report import build_report
 
@@ -303,9 +312,10 @@ def _sql_target(dsn: str, url: str | None) -> tuple[Any, Any]:
     if dsn.startswith(("http://", "https://")):
         import clickhouse_connect
 
+        from kvpipe.processors.analytics.chclient import client_kwargs
         from kvpipe.processors.analytics.query import QueryLimits, client_runner, run_checked
 
-        client = clickhouse_connect.get_client(dsn=dsn)
+        client = clickhouse_connect.get_client(dsn=dsn, **client_kwargs(dsn))
         run, limits = client_runner(client), QueryLimits.from_settings(load_settings())
 
         def query(sql: str, params: dict | None = None) -> dict:

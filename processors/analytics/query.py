@@ -3,8 +3,9 @@
 One path for every reader. The analytics app's `/sql` view decodes the body with `parse_sql_request` and awaits
 `AnalystQueries.execute`; `kvpipe sql` against a ClickHouse server calls `run_checked` with a runner built by
 `client_runner` on its own clickhouse-connect client. Both go through `sqlguard.check_sql` (only kvpipe's tables,
-allowlisted functions, the regenerated text is what runs) and both send the same per-query limits as engine
-settings, so the engine itself throws when a query runs too long, takes too much memory or answers too much:
+allowlisted functions, the regenerated text is what runs), both send the same per-query limits as engine
+settings, so the engine itself throws when a query runs too long, takes too much memory or answers too much, and
+both read the answer through `run_on_client`, which counts the result caps itself (`reads.read_capped`):
 
 - `readonly=1` (embedded chDB; on a server the analyst user's own `readonly=2`): reads only, and the query cannot
   change a setting (checked on chDB 4.4 / ClickHouse 26.9: with readonly=1 sent *with* the query the other limits
@@ -15,6 +16,13 @@ settings, so the engine itself throws when a query runs too long, takes too much
   `allow_introspection_functions=0`.
   `max_rows_to_read` is left unset: the saved queries scan whole tables by design, and time and memory bound a scan.
 
+Where the engine does not hold a limit, the app does (RELIABILITY.md has the figures). Result caps are counted
+while reading (`reads.read_capped`; the engine checks them per finished block). Time: the engine checks its limit
+between blocks (`ANALYST_BLOCK_ROWS` keeps those short) and nothing interrupts a step inside one, not `KILL QUERY`
+nor chDB's cancel; the guard refuses the functions one call of which has no bound (`sqlfunctions`), and
+`AnalystQueries` answers 422 `DEADLINE_GRACE_S` after the limit whatever the engine does, the slot staying taken
+until the query ends.
+
 On a server, limits sent by a client are only as strong as the user they run as: analysts must connect as a
 read-only user (`readonly = 2`, so the client may send these limits, with SELECT granted on kvpipe's tables only);
 `docs/analyst-sql.md` has the statements. A password never appears in an error: `redact_dsn` and `_clean` scrub
@@ -22,8 +30,8 @@ what the engine or the transport says before it reaches the analyst.
 
 Parameters bind in the engine only. The guard returns the `{name:Type}` placeholders of the checked tree; a request's
 `params` must name exactly those (`bind_values`: any other name, or a placeholder left without a value, is a 400 that
-names it). `engine_query`, the one call into clickhouse-connect for analyst text (the app's store and `kvpipe sql` on a
-server both use it), then asks the library's own binder what it would send and refuses unless that is the checked
+names it). `check_binding`, before every call into clickhouse-connect with analyst text (`engine_query`,
+`run_on_client`), asks the library's own binder what it would send and refuses unless that is the checked
 text unchanged plus one `param_<name>` per value: clickhouse-connect formats `%(name)s` into the text itself when it
 sees no placeholder, after the guard, so a `%(s)s` inside a string literal once turned a parameter into SQL.
 
@@ -37,13 +45,14 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import msgspec
 
 from kvpipe.processors.analytics.sqlguard import DEFAULT_DATABASE, CheckedSql, SqlRefused, SqlSyntaxError, checked_sql
+from kvpipe.processors.analytics.reads import ResultTooLarge, read_capped
 
 # run(statement, parameters, engine_settings) -> {"columns", "types", "rows"}; blocking.
 Runner = Callable[[str, "dict | None", dict], dict]
@@ -55,6 +64,12 @@ MAX_PARAM_CHARS = 65_536
 MAX_STATEMENT_BYTES = 256 * 1024
 # a /sql body: the statement, its parameters and the JSON around them
 MAX_BODY_BYTES = MAX_STATEMENT_BYTES + 64 * MAX_PARAM_CHARS // 16
+# How long past max_execution_s an answer is awaited (the engine stops at the end of a block); then the analyst is
+# answered and the query ends on its own (AnalystQueries.execute).
+DEADLINE_GRACE_S = 1.0
+# Rows per analyst block (the engine's default is 65 409): a query whose rows are each expensive overruns the time
+# limit by one block's work; 8x smaller blocks cut that about 4x and cost the saved queries nothing measurable.
+ANALYST_BLOCK_ROWS = 8192
 # Engine error codes that mean "a per-query limit was hit" → the setting that set it.
 _LIMIT_CODES = {
     159: "max_execution_time",  # TIMEOUT_EXCEEDED
@@ -169,6 +184,10 @@ class QueryLimits(msgspec.Struct, frozen=True):
             "max_result_bytes": self.max_result_bytes,
             "result_overflow_mode": "throw",
             "allow_introspection_functions": 0,
+            "max_block_size": ANALYST_BLOCK_ROWS,
+            # the lowest CPU priority for the engine's threads running it (where the process may set it:
+            # CAP_SYS_NICE, else the engine ignores it): the app's writer and ingest come first on a busy host
+            "os_thread_priority": 19,
         }
 
 
@@ -194,6 +213,13 @@ def engine_query(client: Any, statement: str, values: dict | None, settings: dic
     Fails closed: if clickhouse-connect's binder would change the text or not send every value as a `param_`, or
     cannot be found at all, the parameters are refused (400) rather than sent.
     """
+    check_binding(statement, values)
+    return client.query(statement, parameters=dict(values) if values else None, settings=settings)
+
+
+def check_binding(statement: str, values: dict | None) -> None:
+    """QueryError(400) unless clickhouse-connect would send `statement` unchanged with one `param_<name>` per value
+    (the same binder serves `client.query` and `client.raw_stream`)."""
     if values:
         try:
             from clickhouse_connect.driver.binding import bind_query
@@ -206,7 +232,25 @@ def engine_query(client: Any, statement: str, values: dict | None, settings: dic
         if text != statement or set(bound) != {f"param_{name}" for name in values}:
             raise QueryError(400, "bad sql params", "these parameters would not be bound by the engine; write each "
                                                     "as a {name:Type} placeholder of the statement")
-    return client.query(statement, parameters=dict(values) if values else None, settings=settings)
+
+
+def run_on_client(client: Any, statement: str, values: dict | None, settings: dict) -> dict:
+    """Checked analyst text on one clickhouse-connect client: `{"columns", "types", "rows"}`, read within the caps
+    that `settings` carry (`reads.read_capped`: counted while reading, whatever the engine enforced). Blocking; the
+    caller holds the client for the call."""
+    check_binding(statement, values)
+    try:
+        out = read_capped(client, statement, values, settings)
+        if not out["columns"] and statement.upper().startswith(("SELECT", "WITH")):
+            # chDB sends no header for an empty result; ask the engine for the result's shape instead.
+            shape = engine_query(client, f"DESCRIBE TABLE ({statement})", values, settings)
+            out["columns"], out["types"] = [r[0] for r in shape.result_rows], [r[1] for r in shape.result_rows]
+    except ResultTooLarge as exc:
+        what = "rows" if exc.limit == "max_result_rows" else "bytes"
+        raise QueryError(422, f"query limit exceeded: {exc.limit}",
+                         f"the result has more than {exc.cap} {what} (the read stopped at {exc.seen}); narrow the "
+                         f"query, aggregate more, or add LIMIT") from None
+    return out
 
 
 def run_checked(run: Runner, sql: str, params: dict | None, limits: QueryLimits, dsn: str = "") -> dict:
@@ -249,14 +293,29 @@ class AnalystQueries:
                 raise QueryError(429, "too many queries", f"{self.limits.max_concurrent} running and "
                                                           f"{self.limits.max_waiting} waiting; retry shortly")
             self._admitted += 1
+        started: Future[None] = Future()
         try:
-            future = self._pool.submit(self._call, request.sql, dict(request.params))
+            future = self._pool.submit(self._call, request.sql, dict(request.params), started)
         except RuntimeError:
             self._release()
             raise QueryError(503, "sql service is shutting down") from None
-        return await asyncio.wrap_future(future)
+        answer: asyncio.Future[Any] = asyncio.wrap_future(future)
+        # the deadline counts from the start of the run, not from the wait for a slot (that one is bounded by
+        # max_waiting); shield: giving up on the answer must not cancel the call, whose slot is freed when it ends
+        begun: asyncio.Future[Any] = asyncio.wrap_future(started)
+        await asyncio.wait({answer, begun}, return_when=asyncio.FIRST_COMPLETED)
+        deadline = self.limits.max_execution_s + DEADLINE_GRACE_S
+        try:
+            return await asyncio.wait_for(asyncio.shield(answer), deadline)
+        except asyncio.TimeoutError:
+            answer.add_done_callback(lambda f: f.cancelled() or f.exception())  # its end is nobody's news now
+            raise QueryError(422, "query limit exceeded: max_execution_time",
+                             f"no answer {deadline:g} s after the start (the limit is {self.limits.max_execution_s:g}"
+                             f" s): the engine is in a step it does not interrupt and ends the query after it; "
+                             f"scan smaller arrays or fewer rows") from None
 
-    def _call(self, sql: str, params: dict) -> dict:
+    def _call(self, sql: str, params: dict, started: Future) -> dict:
+        started.set_result(None)
         try:
             return run_checked(self._run, sql, params, self.limits, self._dsn)
         finally:
@@ -354,12 +413,6 @@ def client_runner(client: Any, lock: threading.Lock | None = None) -> Runner:
 
     def run(statement: str, parameters: dict | None, settings: dict) -> dict:
         with lock:
-            result = engine_query(client, statement, parameters, settings)
-            columns, types = list(result.column_names), [t.name for t in result.column_types]
-            if not columns and statement.upper().startswith(("SELECT", "WITH")):
-                # chDB sends no header for an empty result; ask the engine for the result's shape instead.
-                shape = engine_query(client, f"DESCRIBE TABLE ({statement})", parameters, settings)
-                columns, types = [r[0] for r in shape.result_rows], [r[1] for r in shape.result_rows]
-            return {"columns": columns, "types": types, "rows": [list(r) for r in result.result_rows]}
+            return run_on_client(client, statement, parameters, settings)
 
     return run

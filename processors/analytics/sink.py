@@ -1,10 +1,12 @@
 """AnalyticsSink: batches analytics rows off the asyncio loop into ClickHouse (chDB or a server).
 
-Threading. One clickhouse-connect client, one background writer thread. Every use of the client —
-migrations, inserts, `query()` — holds `_client_lock`: chDB serves a handle from one call at a
-time, and a query issued while another call streams on the same handle silently returns nothing.
-`query()` therefore blocks while an insert runs (at most one batch): call it from a thread
-executor, not from the event loop.
+Threading. The writer's clickhouse-connect client and one background writer thread: migrations and
+inserts hold `_client_lock` (chDB serves a handle one call at a time, and a query issued while
+another call streams on the same handle silently returns nothing). Reads never use that client:
+`query()` and `read_columns()` take a client of their own from `reads.ReadClients` (chDB serves any
+number of handles to the one engine, and a read sees what the writer has committed), so an analyst
+query running for seconds never holds an insert back, and an insert never holds a query back. Reads
+block for the query's time: call them from a thread executor, not from the event loop.
 
 chDB constraints (4.4, through clickhouse-connect 1.12's `chdb:///abs/path` DSN). One process
 hosts one engine path at a time: opening a second path while any client on the first is open
@@ -47,9 +49,10 @@ from typing import Any
 
 import clickhouse_connect
 
+from kvpipe.processors.analytics.chclient import client_kwargs
 from kvpipe.processors.analytics.migrations import apply_migrations
-from kvpipe.processors.analytics.query import bind_values, engine_query
-from kvpipe.processors.analytics.ddltext import first_keyword
+from kvpipe.processors.analytics.query import bind_values, run_on_client
+from kvpipe.processors.analytics.reads import ReadClients
 from kvpipe.processors.analytics.sqlguard import checked_sql
 from kvpipe.processors.analytics.tables import BY_NAME, TABLES, MessageRows, rows_count
 
@@ -71,8 +74,9 @@ class AnalyticsSink:
         self.max_queue_rows = max_queue_rows or 20 * self.batch_rows
         self.retry_max_s = max(0.05, retry_max_s)
         self.log_every_s = log_every_s
-        self._client: Any = None
+        self._client: Any = None  # the writer's
         self._client_lock = threading.Lock()
+        self.readers = ReadClients(dsn)
         self._cond = threading.Condition()
         self._queue: deque[MessageRows] = deque()
         self._unwritten = 0  # rows submitted and not yet acknowledged by the store
@@ -94,7 +98,7 @@ class AnalyticsSink:
         """Open the client, apply migrations, start the writer thread."""
         if self._thread is not None:
             return
-        self._client = clickhouse_connect.get_client(dsn=self.dsn)
+        self._client = clickhouse_connect.get_client(dsn=self.dsn, **client_kwargs(self.dsn))
         try:
             with self._client_lock:
                 apply_migrations(self._client)
@@ -126,6 +130,7 @@ class AnalyticsSink:
             with self._client_lock:
                 self._client.close()
             self._client = None
+        self.readers.close()
 
     # --- producer side (the asyncio loop) -----------------------------------------------------------
 
@@ -193,32 +198,23 @@ class AnalyticsSink:
 
     def query(self, sql: str, parameters: dict | None = None, settings: dict | None = None) -> dict:
         """Run one read-only statement: `{"columns", "types", "rows"}`. Blocking (see module doc).
-        `settings` (per-query engine limits) are merged over `readonly=1`, which always wins.
+        `settings` (per-query engine limits) are merged over `readonly=1`, which always wins; its
+        `max_result_rows` / `max_result_bytes` are also counted while the result is read.
 
-        Works without start() too (opens the client, no migrations, no writer): a reader's use.
+        Works without start() too (no migrations, no writer): a reader's use.
         """
         checked = checked_sql(sql)  # SqlRefused / SqlSyntaxError (ValueErrors) name what is wrong
         statement, values = checked.text, bind_values(checked, parameters)
         # readonly=1 (not 2): 2 would still allow table functions such as file().
         settings = {**(settings or {}), "readonly": 1}
-        with self._client_lock:
-            if self._client is None:  # read-only use without start(): `kvpipe sql` against a server
-                self._client = clickhouse_connect.get_client(dsn=self.dsn)
-            result = engine_query(self._client, statement, values, settings)
-            columns, types = list(result.column_names), [t.name for t in result.column_types]
-            if not columns and first_keyword(statement) in ("SELECT", "WITH"):
-                # chDB sends no header for an empty result; ask for the result's shape instead.
-                shape = engine_query(self._client, f"DESCRIBE TABLE ({statement})", values, settings)
-                columns, types = [r[0] for r in shape.result_rows], [r[1] for r in shape.result_rows]
-        return {"columns": columns, "types": types, "rows": [list(r) for r in result.result_rows]}
+        with self.readers.client() as client:
+            return run_on_client(client, statement, values, settings)
 
     def read_columns(self, sql: str, parameters: dict | None = None) -> dict[str, list]:
         """kvpipe's own read, by column (not analyst SQL: no guard, no analyst limits; `readonly=1` still).
         The app rebuilds state from its rows with it (`restore_state`). Blocking, like `query`."""
-        with self._client_lock:
-            if self._client is None:
-                self._client = clickhouse_connect.get_client(dsn=self.dsn)
-            result = self._client.query(sql, parameters=parameters, settings={"readonly": 1})
+        with self.readers.client() as client:
+            result = client.query(sql, parameters=parameters, settings={"readonly": 1})
             return dict(zip(result.column_names, result.result_columns))
 
     # --- writer thread --------------------------------------------------------------------------

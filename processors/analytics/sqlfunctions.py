@@ -19,6 +19,14 @@ those. Left out, with the reason:
 - Families analysts of kvpipe have no use for, kept out to keep the surface small: Geo, H3, Bitmap, Time Series,
   numeric indexed vectors, QBit, Machine Learning, Encryption.
 
+Refused although pure, because one call cannot be bounded in time (`UNBOUNDED_FUNCTIONS`). The engine checks
+`max_execution_time` between blocks and at a few points inside some functions, never inside one call of these, and
+neither `KILL QUERY` nor chDB's stream cancel interrupts one (measured on chDB 4.4: both returned only when the call
+had finished). Their work grows with the product of their inputs' sizes, so a single row whose arrays fit in memory
+runs for minutes; linear rewrites exist for the common uses. Parametric aggregates also take at most
+`MAX_AGGREGATE_PARAMETERS` parameters: `quantilesExact` with 30 000 levels over 3 M rows ran 16 s against a 1 s
+limit (its finalisation is one call, levels times rows). RELIABILITY.md §11 has the measurements.
+
 Names are compared case-insensitively (ClickHouse accepts some functions in any case, and no left-out function
 differs from an allowed one only by case; checked when the list was generated). A function that a newer engine
 adds is refused until it is reviewed and added here; `tests/integration/test_sql_attacks.py` checks that every
@@ -281,5 +289,21 @@ uniqHLL12 uniqUpTo VAR_POP VAR_SAMP varPop varPopStable varSamp varSampStable we
 """
 # fmt: on
 
-ALLOWED_FUNCTIONS: frozenset[str] = frozenset(_ALLOWED.split())
+# name -> why it is refused; measured with max_execution_time = 1 s on chDB 4.4 (2 cores)
+UNBOUNDED_FUNCTIONS: dict[str, str] = {
+    "hasAll": "it compares every element of one array with every element of the other (300 000 elements each "
+              "ran 6.3 s against a 1 s limit); write empty(arrayExcept(b, a)) for hasAll(a, b)",
+    "hasAny": "it compares every element of one array with every element of the other (300 000 elements each "
+              "ran 29 s against a 1 s limit); write notEmpty(arrayIntersect(a, b)) for hasAny(a, b)",
+    "arrayLevenshteinDistance": "its work is the product of the two arrays' lengths (100 000 elements each ran "
+                                "13 s against a 1 s limit)",
+    "arrayLevenshteinDistanceWeighted": "its work is the product of the two arrays' lengths (60 000 elements each "
+                                        "ran 15 s against a 1 s limit)",
+    "arraySimilarity": "its work is the product of the two arrays' lengths (20 000 elements each ran 1.4 s against "
+                       "a 1 s limit, and it grows with the square)",
+}
+# levels of quantilesExact(l1, l2, ...)(x) and the like: each costs a pass over the group's values at the end
+MAX_AGGREGATE_PARAMETERS = 64
+
+ALLOWED_FUNCTIONS: frozenset[str] = frozenset(_ALLOWED.split()) - UNBOUNDED_FUNCTIONS.keys()
 AGGREGATE_FUNCTIONS: frozenset[str] = frozenset(_AGGREGATES.split())

@@ -42,7 +42,8 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from kvpipe.processors.analytics.migrations import _BOOTSTRAP, load_migrations
-from kvpipe.processors.analytics.sqlfunctions import AGGREGATE_FUNCTIONS, ALLOWED_FUNCTIONS
+from kvpipe.processors.analytics.sqlfunctions import AGGREGATE_FUNCTIONS, ALLOWED_FUNCTIONS, MAX_AGGREGATE_PARAMETERS, \
+    UNBOUNDED_FUNCTIONS
 
 DIALECT = "clickhouse"
 DEFAULT_DATABASE = "default"
@@ -51,6 +52,7 @@ EXPLAIN_KINDS = frozenset({"AST", "SYNTAX", "PLAN", "PIPELINE", "ESTIMATE"})
 
 _ALLOWED_LOWER = frozenset(n.lower() for n in ALLOWED_FUNCTIONS)
 _AGGREGATES_LOWER = frozenset(n.lower() for n in AGGREGATE_FUNCTIONS)
+_UNBOUNDED_LOWER = {n.lower(): (n, why) for n, why in UNBOUNDED_FUNCTIONS.items()}
 # Longest first, so "MergeState" is not read as "State" after "Merge".
 _COMBINATORS = ("SimpleState", "MergeState", "OrDefault", "Resample", "Distinct", "ForEach", "OrNull", "ArgMin",
                 "ArgMax", "State", "Merge", "Array", "Map", "If")
@@ -331,9 +333,17 @@ def _check_function(node: exp.Func) -> None:
     name = function_name(node)
     if name is None:
         return  # CASE / if(): syntax over their arguments, which the walk checks
+    if name.lower() in _UNBOUNDED_LOWER:  # named with the reason: these are on purpose, not merely unreviewed
+        known, why = _UNBOUNDED_LOWER[name.lower()]
+        raise SqlRefused(f"function {known}() is not allowed in analyst SQL: no time limit can stop one call of it, "
+                         f"because {why}")
     if not function_allowed(name):
         raise SqlRefused(f"function {name}() is not allowed in analyst SQL (it is not on the allowlist of pure "
                          f"functions in processors/analytics/sqlfunctions.py)")
+    levels = node.expressions if isinstance(node, (exp.ParameterizedAgg, exp.CombinedParameterizedAgg)) else []
+    if len(levels) > MAX_AGGREGATE_PARAMETERS:
+        raise SqlRefused(f"{name}(...) has {len(levels)} parameters; at most {MAX_AGGREGATE_PARAMETERS}: each one "
+                         f"is a pass over the group's values that no time limit can stop")
 
 
 def function_name(node: exp.Func) -> str | None:

@@ -11,6 +11,12 @@ How Faust maps these (faust.transport.drivers.aiokafka.credentials_to_aiokafka_a
 SSLCredentials → security_protocol=SSL + ssl_context; SASLCredentials → SASL_PLAINTEXT, or
 SASL_SSL when it carries an ssl_context; OAuthCredentials likewise with the token provider. Faust
 applies them to its consumer, producer and admin client alike.
+
+The pass-through client properties (`kafka_properties`, `kafka_properties_file`) reach aiokafka only where
+it has an equivalent (`AIOKAFKA_PROPERTIES`): the keyword of aiokafka's clients and the Faust settings
+that carry it to Faust's own. Any other key stops the app with its name instead of being dropped: a
+property that silently does nothing is a setting the operator believes in and does not have. Every
+mapped keyword is one that no client here sets itself, so none is given twice.
 """
 from __future__ import annotations
 
@@ -20,6 +26,34 @@ from typing import Any
 from kvpipe.schemas.settings import Settings, SettingsError
 
 TOKEN_EARLY_S = 30.0  # refresh this long before the token's expiry
+
+# Kafka client property → (aiokafka client keyword, the Faust settings that carry it to Faust's clients).
+AIOKAFKA_PROPERTIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "client.id": ("client_id", ("broker_client_id",)),
+    "metadata.max.age.ms": ("metadata_max_age_ms", ("consumer_metadata_max_age_ms", "producer_metadata_max_age_ms")),
+    "connections.max.idle.ms": ("connections_max_idle_ms",
+                                ("consumer_connections_max_idle_ms", "producer_connections_max_idle_ms")),
+}
+
+
+def _mapped_properties(settings: Settings) -> list[tuple[str, tuple[str, ...], Any]]:
+    """(aiokafka keyword, Faust settings, value) per pass-through property; SettingsError naming those
+    aiokafka has no equivalent for."""
+    props = settings.kafka_client_properties()
+    unknown = sorted(key for key in props if key not in AIOKAFKA_PROPERTIES)
+    if unknown:
+        raise SettingsError(f"kafka_properties: {', '.join(unknown)}: no aiokafka equivalent, so the Faust apps "
+                            f"cannot apply it; they take {', '.join(AIOKAFKA_PROPERTIES)}. Set the others only in "
+                            f"the settings of librdkafka's users (the producers, the bridge)")
+    out = []
+    for key, value in props.items():
+        keyword, faust_names = AIOKAFKA_PROPERTIES[key]
+        try:  # .properties values are strings; the *.ms ones are integers to aiokafka
+            typed = int(value) if key.endswith(".ms") else str(value)
+        except ValueError:
+            raise SettingsError(f"kafka_properties: {key}={value!r}: expected an integer") from None
+        out.append((keyword, faust_names, typed))
+    return out
 
 
 def _token_provider_base() -> type:
@@ -77,15 +111,22 @@ def token_provider(settings: Settings) -> Any:
 
 
 def aiokafka_kwargs(settings: Settings) -> dict[str, Any]:
-    """Security keyword arguments for an aiokafka client (consumer, producer, admin)."""
+    """Security and pass-through keyword arguments for an aiokafka client (consumer, producer, admin)."""
     kwargs = settings.kafka_aiokafka_kwargs()
+    kwargs.update({keyword: value for keyword, _, value in _mapped_properties(settings)})
     if settings.kafka_mechanism() == "OAUTHBEARER":
         kwargs["sasl_oauth_token_provider"] = token_provider(settings)
     return kwargs
 
 
 def faust_broker_kwargs(settings: Settings) -> dict[str, Any]:
-    """`faust.App(...)` keyword arguments for the security settings ({} for PLAINTEXT)."""
+    """`faust.App(...)` keyword arguments for the security settings ({} for PLAINTEXT) and the
+    pass-through client properties."""
+    props = {name: value for _, faust_names, value in _mapped_properties(settings) for name in faust_names}
+    return {**props, **_faust_credentials(settings)}
+
+
+def _faust_credentials(settings: Settings) -> dict[str, Any]:
     import faust
 
     protocol = settings.kafka_security_protocol

@@ -10,8 +10,10 @@ from typing import Any
 import click
 
 from kvpipe.processors.core.appcli import worker_settings
-from kvpipe.schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, json_option, log_level_option
+from kvpipe.schemas.cliopts import (Command, apply_bootstrap, bootstrap_server_option, configure_logging,
+                                    datadir_option, log_level_option, output_option, web_bind_option)
 from kvpipe.schemas.settings import SettingsError, load_settings
+
 
 
 @click.command("processor", cls=Command, help=(
@@ -21,11 +23,12 @@ from kvpipe.schemas.settings import SettingsError, load_settings
     "Scaling: one consumer group (--processor-id); run more workers with the same id, up to one "
     "per events partition; /route gathers the answer across them. Every setting is also a "
     "KVPIPE_* environment variable; these flags override them."))
-@click.option("--web-port", type=int, help="HTTP port of the route API (KVPIPE_WEB_PORT)")
-@click.option("--web-host", help="address to serve HTTP on (KVPIPE_WEB_HOST; default 127.0.0.1)")
+@click.option("--web-port", type=int, help="HTTP port of this app, the route API (KVPIPE_WEB_PORT; the analytics "
+              "app's is KVPIPE_ANALYTICS_WEB_PORT)")
+@web_bind_option()
 @click.option("--insecure", is_flag=True,
-              help="allow a non-loopback --web-host without KVPIPE_API_TOKEN (an open endpoint)")
-@click.option("--state-dir", help="local state directory (KVPIPE_STATE_DIR)")
+              help="allow a non-loopback --web-bind without KVPIPE_API_TOKEN (an open endpoint)")
+@datadir_option("processor")
 @click.option("--topic", help="events topic to consume (KVPIPE_EVENTS_TOPIC)")
 @click.option("--processor-id", help="Faust app id = consumer group (KVPIPE_PROCESSOR_ID)")
 @click.option("--route-port", type=int, help="port of the native route server: POST /route on native threads "
@@ -33,7 +36,7 @@ from kvpipe.schemas.settings import SettingsError, load_settings
 @click.option("--route-threads", type=int, help="threads of the native route server (KVPIPE_ROUTE_THREADS; "
               "0 = one per core)")
 @bootstrap_server_option()
-@log_level_option(loglevel_alias=True)
+@log_level_option()
 def processor(web_port: int | None, web_host: str | None, insecure: bool, state_dir: str | None, topic: str | None,
               processor_id: str | None, route_port: int | None, route_threads: int | None,
               bootstrap_server: str | None, log_level: str) -> int:
@@ -129,11 +132,13 @@ def _print_answer(answer: Any) -> None:
 @click.option("--top-k", type=int, help="at most K nodes (the chosen one always among them)")
 @click.option("--include-zero", is_flag=True, help="also list eligible nodes without a hit")
 @click.option("--request-id", help="record the request as sent to the chosen node (in-flight accounting)")
-@json_option(help="print the whole answer as JSON")
+@output_option(help="the answer as a table (the choice, the nodes, the no-signal reasons) or whole as JSON")
 @click.option("--url", help="processor base URL (default: http://<web_host>:<web_port> from the settings)")
+@log_level_option()
 def route(tokens: str | None, hashes: str | None, body_file: str | None, group: int, num_tokens: int | None,
           semantics: str | None, model: str | None, top_k: int | None, include_zero: bool, request_id: str | None,
-          as_json: bool, url: str | None) -> int:
+          output: str, url: str | None, log_level: str) -> int:
+    configure_logging(log_level)
     given = [flag for flag, value in (("--tokens", tokens), ("--hashes", hashes), ("--file", body_file))
              if value is not None]
     if len(given) != 1:
@@ -152,7 +157,7 @@ def route(tokens: str | None, hashes: str | None, body_file: str | None, group: 
             with open(body_file, "rb") as f:
                 req = decode_request(f.read())
         else:
-            assert hashes is not None  # the one source given (checked above)
+            assert hashes is not None  # the one flag given (checked above)
             req = RouteRequest(block_hashes={group: [_hash_arg(h) for h in hashes.split(",") if h.strip()]})
     except (OSError, ValueError) as exc:  # RouteError is a ValueError: a bad --file body
         raise click.UsageError(str(exc)) from None
@@ -174,7 +179,7 @@ def route(tokens: str | None, hashes: str | None, body_file: str | None, group: 
         print(f"kvpipe route: no processor answers at {base} ({exc}); start one with `kvpipe processor`",
               file=sys.stderr)
         return 1
-    if as_json:
+    if output == "json":
         print(msgspec.json.format(msgspec.json.encode(answer), indent=2).decode())
     else:
         _print_answer(answer)

@@ -326,16 +326,18 @@ def test_query_settings_are_merged_but_readonly_always_wins(open_sink):
     sink = open_sink()
     # what reaches the engine: the caller's limits, and readonly=1 whatever the caller asked for
     # (that the engine enforces such limits is tests/integration/test_sql_attacks.py's)
-    seen: list[dict] = []
-    client_query = sink._client.query
+    # (on a read client, never the writer's: the limits ride as the statement's SETTINGS clause)
+    seen: list[str] = []
+    with sink.readers.client() as reader:
+        stream = reader.raw_stream
 
-    def spy(statement, parameters=None, settings=None):
-        seen.append(dict(settings or {}))
-        return client_query(statement, parameters=parameters, settings=settings)
+        def spy(query, *args, **kwargs):
+            seen.append(query)
+            return stream(query, *args, **kwargs)
 
-    sink._client.query = spy
-    sink.query("SELECT 1 AS x", settings={"readonly": 0, "max_result_rows": 7})
-    assert seen[0]["readonly"] == 1 and seen[0]["max_result_rows"] == 7
+        reader.raw_stream = spy
+    assert sink.query("SELECT 1 AS x", settings={"readonly": 0, "max_result_rows": 7})["rows"] == [[1]]
+    assert "readonly = 1" in seen[0] and "max_result_rows = 7" in seen[0] and "readonly = 0" not in seen[0]
 
 
 def test_every_saved_query_has_a_title_and_runs_on_an_empty_store(open_sink):

@@ -28,8 +28,8 @@ from tests.integration.analytics_helpers import FA, SPECS, SWA, AnalyticsSession
 
 pytestmark = pytest.mark.integration
 
-SUBCOMMANDS = ["infra", "node", "bridge", "processor", "analytics", "route", "sql", "plan", "report", "inspect", "demo",
-               "bench"]
+SUBCOMMANDS = ["infra", "node", "bridge", "processor", "analytics", "route", "nodes", "stats", "sql", "plan", "report",
+               "inspect", "demo", "bench"]
 
 
 class Cli:
@@ -207,6 +207,30 @@ def test_saved_queries_by_name_as_table_csv_and_json(running: Running):
     assert bad.returncode == 2 and "capacity_curve" in bad.stderr
     plan = running.cli.run("plan", "--json")
     assert plan.returncode == 0 and "LRU" in json.loads(plan.stdout)["method"], plan.stderr
+
+
+def test_nodes_and_stats_read_the_running_apps_as_tables_and_json(running: Running):
+    done = running.cli.run("nodes", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    page = json.loads(done.stdout)
+    assert [n["node_id"] for n in page["nodes"]] == ["node-x", "node-y"]
+    assert page["next_after"] is None and not page["partial"]
+    # node-x: 11..14 in the full-attention group, its window evicted 11, 12; node-y: 11, 12 and its window 11
+    assert [n["blocks"] for n in page["nodes"]] == [{"0/GPU": 4, "1/GPU": 2}, {"0/GPU": 2, "1/GPU": 1}]
+    assert [g["sliding_window"] for g in page["nodes"][0]["groups"]] == [None, 64]
+    first = running.cli.run("nodes", "--limit", "1", "--state", "healthy")
+    lines = first.stdout.splitlines()  # border, header, border, one row, border, the count
+    assert first.returncode == 0 and [c.strip() for c in lines[3].strip("|").split("|")][:2] == ["node-x", "healthy"]
+    assert lines[-1] == "(1 nodes; more after 'node-x': --limit)", first.stdout
+    stats = running.cli.run("stats", "--json")
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["processor_id"] == running.session.env["KVPIPE_PROCESSOR_ID"]
+    table = running.cli.run("stats")
+    cells = {row.split("|")[1].strip(): row.split("|")[2].strip() for row in table.stdout.splitlines() if "|" in row}
+    assert cells["nodes.healthy"] == "2" and int(cells["index.0.GPU"]) > 0, table.stdout
+    analytics = running.cli.run("stats", "--analytics", "-o", "json")
+    assert analytics.returncode == 0 and json.loads(analytics.stdout)["app"] == "analytics", analytics.stderr
+    assert json.loads(analytics.stdout)["store"]["up"] is True
 
 
 def test_route_by_token_ids_from_stdin_hashes_per_node(running: Running):

@@ -93,16 +93,20 @@ def _host(request_line: str) -> str:
     return re.sub(r"^\w+://", "", target).split("/")[0].split(":")[0]
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("report")
+def _report_of(tmp: Path, steps: int, step_s: float) -> Path:
+    """The report of a store filled with `steps` node steps `step_s` apart (kvpipe.bench.workload)."""
     sink = AnalyticsSink(f"chdb://{tmp / 'store'}")
     sink.start()
     try:
-        fill_store(sink, serving_steps(2000))
+        fill_store(sink, serving_steps(steps, step_s=step_s))
         return build_report(sink, tmp / "report.html")
     finally:
         sink.close()
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    return _report_of(tmp_path_factory.mktemp("report"), 2000, 0.5)
 
 
 def run_browser(chromium: str, proxy: RecordingProxy, *args: str) -> subprocess.CompletedProcess:
@@ -147,15 +151,8 @@ def test_control_a_page_that_loads_something_is_caught_by_the_proxy(chromium, tm
 
 @pytest.fixture(scope="module")
 def short_report(tmp_path_factory) -> Path:
-    """The report after a run as short as `make demo`'s: half a minute of node steps."""
-    tmp = tmp_path_factory.mktemp("short-report")
-    sink = AnalyticsSink(f"chdb://{tmp / 'store'}")
-    sink.start()
-    try:
-        fill_store(sink, serving_steps(800, step_s=0.04))  # 32 s of events
-        return build_report(sink, tmp / "report.html")
-    finally:
-        sink.close()
+    """The report after a run as short as `make demo`'s: half a minute of node steps (32 s of events)."""
+    return _report_of(tmp_path_factory.mktemp("short-report"), 800, 0.04)
 
 
 def test_a_short_run_is_plotted_over_its_own_span_with_markers(chromium, short_report):

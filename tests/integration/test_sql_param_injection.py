@@ -66,6 +66,7 @@ def world(tmp_path_factory):
         yield {"tmp": tmp, "client": client, "sink": sink, "marker": marker, "server": _Listener,
                "url": f"http://127.0.0.1:{server.server_address[1]}/x", "lock": sink._client_lock}
     finally:
+        sink.close()  # its read clients too: the engine path is free for the next module
         client.close()
         server.shutdown()
 

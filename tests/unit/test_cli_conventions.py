@@ -23,21 +23,27 @@ from kvpipe.schemas.groupspec import GroupSpecError, format_groups, parse_groups
 
 REPO = Path(__file__).resolve().parents[2]
 KAFKA = "--bootstrap-server"
+LOG = ["-l", "--log-level", "--loglevel"]
+OUTPUT = ["-o", "--output", "--json"]  # every command that prints data; --json is the older spelling
+FAUST_APP = ["--web-bind", "--web-host", "--datadir", "--state-dir", "--web-port"]
 
 # subcommand argv → the flags its --help must list
 EXPECTED = {
-    ("infra", "up"): [KAFKA],
-    ("infra", "status"): [KAFKA],
-    ("infra", "down"): [KAFKA],
-    ("node",): [KAFKA, "--log-level", "--json", "--summary-json", "--groups"],
-    ("bridge",): [KAFKA, "--log-level", "--groups", "--bootstrap"],
-    ("processor",): [KAFKA, "--log-level", "--loglevel"],
-    ("analytics",): [KAFKA, "--log-level", "--loglevel"],
-    ("demo",): [KAFKA, "--log-level"],
-    ("route",): ["--json"],
-    ("sql",): ["--json"],
-    ("plan",): ["--json"],
-    ("inspect",): ["--json"],
+    ("infra", "up"): [KAFKA, *LOG],
+    ("infra", "status"): [KAFKA, *LOG, *OUTPUT],
+    ("infra", "down"): [KAFKA, *LOG],
+    ("node",): [KAFKA, *LOG, *OUTPUT, "--summary-json", "--groups"],
+    ("bridge",): [KAFKA, *LOG, "--groups", "--bootstrap"],
+    ("processor",): [KAFKA, *LOG, *FAUST_APP],
+    ("analytics",): [KAFKA, *LOG, *FAUST_APP],
+    ("demo",): [KAFKA, *LOG],
+    ("route",): [*LOG, *OUTPUT],
+    ("nodes",): [*LOG, *OUTPUT, "--state", "--limit"],
+    ("stats",): [*LOG, *OUTPUT, "--analytics"],
+    ("sql",): [*LOG, *OUTPUT],
+    ("plan",): [*LOG, *OUTPUT],
+    ("report",): LOG,
+    ("inspect",): [*LOG, *OUTPUT],
 }
 
 
@@ -56,7 +62,7 @@ def test_help_lists_the_shared_flags(argv, capsys):
 def test_bench_help_lists_the_flags_every_benchmark_takes(capsys):
     assert main(["bench", "--help"]) == 0
     text = capsys.readouterr().out
-    for flag in ("--json", KAFKA, "--log-level"):
+    for flag in ("--json", "--output", KAFKA, "--log-level", "--loglevel"):
         assert flag in text
 
 
@@ -66,7 +72,10 @@ def test_bench_takes_out_only_the_shared_flags():
     rest, common = split_common(["--nodes", "3", "--json", KAFKA, "h:1", "--log-level", "INFO", "--jitter", "2",
                                  "--extra=-0.5", "--help"])
     assert rest == ["--nodes", "3", "--jitter", "2", "--extra=-0.5", "--help"]  # --jitter is not abbreviated --json
-    assert (common["as_json"], common["bootstrap_server"], common["log_level"]) == (True, "h:1", "info")
+    assert (common["output"], common["bootstrap_server"], common["log_level"]) == ("json", "h:1", "info")
+    rest, common = split_common(["-o", "json", "--seed", "1", "-l", "debug"])
+    assert rest == ["--seed", "1"] and (common["output"], common["log_level"]) == ("json", "debug")
+    assert split_common(["--seed", "1"])[1]["output"] == "table"
 
 
 def test_bench_hands_help_to_the_benchmark(capsys):
@@ -187,13 +196,13 @@ def test_infra_status_uses_the_flag_not_the_local_broker(tmp_path):
 
 
 @click.command("levels", cls=cliopts.Command)
-@cliopts.log_level_option(default="info", loglevel_alias=True)
+@cliopts.log_level_option(default="info")
 def _levels_command(log_level: str) -> None:
     pass
 
 
 def _levels(argv: list[str]) -> str:
-    """The level a command with `--log-level` (default info, `--loglevel` alias) receives."""
+    """The level a command with `--log-level` (default info; `-l`, Faust's `--loglevel`) receives."""
     return cliopts.parse(_levels_command, argv)["log_level"]
 
 
@@ -204,8 +213,9 @@ def test_log_level_flag_env_and_default(monkeypatch, capsys):
     assert _levels([]) == "error"
     assert _levels(["--log-level", "DEBUG"]) == "debug"  # the flag wins
     assert capsys.readouterr().err == ""
-    assert _levels(["--loglevel", "warning"]) == "warning"  # the old spelling
-    assert _levels(["--loglevel", "warning", "--log-level", "debug"]) == "debug"  # the new spelling wins
+    assert _levels(["--loglevel", "warning"]) == "warning"  # Faust's spelling
+    assert _levels(["-l", "critical"]) == "critical"
+    assert _levels(["--loglevel", "warning", "--log-level", "debug"]) == "debug"  # one option: the last one given
     monkeypatch.setenv("KVPIPE_LOG_LEVEL", "loud")
     with pytest.raises(SystemExit, match="KVPIPE_LOG_LEVEL"):
         _levels([])
@@ -398,10 +408,10 @@ def test_node_json_and_its_older_spelling(capsys):
 # --- deprecated spellings say so ---------------------------------------------------------------------------------
 
 
-def test_the_loglevel_spelling_warns_once_naming_the_replacement(capsys):
+def test_fausts_loglevel_spellings_are_the_same_option_without_a_warning(capsys):
     assert _levels(["--loglevel", "error"]) == "error"
-    err = capsys.readouterr().err
-    assert err == "warning: --loglevel is deprecated; use --log-level\n"
+    assert _levels(["-l", "DEBUG"]) == "debug"
+    assert capsys.readouterr().err == ""
 
 
 def test_the_summary_json_spelling_warns_naming_the_replacement(capsys):
@@ -416,8 +426,9 @@ def test_the_summary_json_spelling_warns_naming_the_replacement(capsys):
     assert "deprecated" not in capsys.readouterr().err
 
 
-def test_the_processor_warns_of_loglevel_before_it_starts():
-    # a fresh process, as a start script runs it; refused at the exposure check, before any worker starts
-    r = _kvpipe("processor", "--loglevel", "info", "--web-host", "0.0.0.0")
-    assert r.returncode == 2
-    assert "warning: --loglevel is deprecated; use --log-level" in r.stderr.splitlines()
+def test_the_processor_takes_fausts_spellings_as_a_start_script_gives_them():
+    # a fresh process, as a start script runs it; refused at the exposure check, before any worker starts:
+    # --web-bind is the address it would have bound, and -l/--loglevel warn of nothing
+    r = _kvpipe("processor", "-l", "info", "--web-bind", "0.0.0.0")
+    assert r.returncode == 2 and "refusing to serve HTTP on 0.0.0.0" in r.stderr, r.stderr
+    assert "deprecated" not in r.stderr

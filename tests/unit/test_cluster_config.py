@@ -45,7 +45,7 @@ def test_a_secured_cluster_is_refused_with_a_reason(tmp_path: Path) -> None:
 
 
 def test_clients_bootstrap_from_every_node_of_the_local_cluster() -> None:
-    s = load_settings(env={"KVPIPE_KAFKA_BROKERS": "3", "KVPIPE_KAFKA_PORT": "40000"})
+    s = load_settings(env={"KVPIPE_KAFKA_LOCAL_BROKERS": "3", "KVPIPE_KAFKA_PORT": "40000"})
     assert s.bootstrap() == "127.0.0.1:40000,127.0.0.1:40002,127.0.0.1:40004"
     assert load_settings(env={}).bootstrap() == "127.0.0.1:19092"
 

@@ -2,8 +2,9 @@
 (inline code and fenced blocks) names a real command, and every flag on it is one that command
 takes; every file path they cite is in the repository.
 
-Endpoints named in the docs are checked against the apps' OpenAPI documents in
-tests/unit/test_http_answers.py and tests/unit/router/test_router_openapi.py.
+every endpoint they name as `GET /path` or `POST /path` is in one of the apps' OpenAPI documents
+(tests/unit/test_http_answers.py holds those documents equal to the routes each app registers) or
+is the bridge's `/metrics`.
 """
 from __future__ import annotations
 
@@ -114,3 +115,22 @@ def test_every_repository_path_the_docs_cite_exists():
                 if not (ROOT / path).exists():
                     problems.append(f"{doc.relative_to(ROOT)}: {path}")
     assert problems == [], "paths the docs cite that the repository lacks:\n" + "\n".join(sorted(set(problems)))
+
+
+def test_every_endpoint_the_docs_name_is_served():
+    from kvpipe.processors.analytics.apidoc import document as analytics_document
+    from kvpipe.processors.routing.apidoc import document as routing_document
+
+    served = {(method.upper(), path) for doc in (routing_document(), analytics_document())
+              for path, ops in doc["paths"].items() for method in ops}
+    served.add(("GET", "/metrics"))  # the bridge's (producer/bridge/metrics.py), outside both documents
+    named = re.compile(r"\b(GET|POST|PUT|PATCH|DELETE) (/[\w/.{}-]*\w)")
+    found, problems = 0, []
+    for doc in DOCS:
+        for code in _code(doc.read_text()):
+            for method, path in named.findall(code):
+                found += 1
+                if (method, path.split("?")[0]) not in served:
+                    problems.append(f"{doc.relative_to(ROOT)}: {method} {path}")
+    assert found >= 10, "the docs name endpoints as METHOD /path"
+    assert problems == [], "endpoints the docs name that no app serves:\n" + "\n".join(sorted(set(problems)))

@@ -1,4 +1,4 @@
-"""Settings resolve defaults <- TOML file <- KVPIPE_* environment <- explicit overrides."""
+"""Settings resolve defaults <- the settings file (KVPIPE_CONFIG) <- KVPIPE_* environment <- explicit overrides."""
 import pytest
 
 from kvpipe.schemas.settings import SettingsError, load_settings

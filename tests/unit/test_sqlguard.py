@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from kvpipe.processors.analytics.query import (
+    ANALYST_BLOCK_ROWS,
     QueryError,
     QueryLimits,
     check_params,
@@ -19,7 +20,7 @@ from kvpipe.processors.analytics.query import (
     redact_dsn,
 )
 from kvpipe.processors.analytics.saved import list_queries
-from kvpipe.processors.analytics.sqlfunctions import ALLOWED_FUNCTIONS
+from kvpipe.processors.analytics.sqlfunctions import ALLOWED_FUNCTIONS, MAX_AGGREGATE_PARAMETERS, UNBOUNDED_FUNCTIONS
 from kvpipe.processors.analytics.sqlguard import SqlRefused, SqlSyntaxError, allowed_tables, check_sql, function_allowed
 from kvpipe.schemas.settings import load_settings
 
@@ -376,3 +377,28 @@ def test_sql_nested_past_the_parser_is_a_400_not_a_500() -> None:
     with pytest.raises(QueryError) as refused:
         check_statement(sql)
     assert refused.value.status in (400, 403)
+
+
+# --- functions no time limit can stop ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(UNBOUNDED_FUNCTIONS))
+def test_a_function_whose_one_call_has_no_bound_is_refused_with_its_reason(name: str) -> None:
+    for spelled in (name, name.upper()):
+        with pytest.raises(SqlRefused) as refused:
+            check_sql(f"SELECT {spelled}(block_hashes, block_hashes) FROM kv_events")
+        assert f"{name}()" in str(refused.value) and UNBOUNDED_FUNCTIONS[name] in str(refused.value)
+    assert name not in ALLOWED_FUNCTIONS and not function_allowed(name)
+
+
+def test_parametric_aggregates_take_at_most_the_parameter_cap() -> None:
+    levels = lambda n: ", ".join(f"{(i + 1) / (n + 1):.4f}" for i in range(n))  # noqa: E731
+    check_sql(f"SELECT quantilesExact({levels(MAX_AGGREGATE_PARAMETERS)})(ts) FROM kv_events")
+    for aggregate in ("quantilesExact", "quantilesExactIf", "quantiles"):
+        args = "(ts, group_idx = 1)" if aggregate.endswith("If") else "(ts)"
+        with pytest.raises(SqlRefused, match=f"{MAX_AGGREGATE_PARAMETERS + 1} parameters; at most"):
+            check_sql(f"SELECT {aggregate}({levels(MAX_AGGREGATE_PARAMETERS + 1)}){args} FROM kv_events")
+
+
+def test_analyst_queries_run_in_small_blocks_at_the_lowest_cpu_priority() -> None:
+    engine = QueryLimits().engine_settings()
+    assert engine["max_block_size"] == ANALYST_BLOCK_ROWS < 65_409 and engine["os_thread_priority"] == 19
