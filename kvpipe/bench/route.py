@@ -189,6 +189,7 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     dyn: list[float] = []
     dynamo_checked = 0  # requests whose node → prefix depth answers were equal on both sides
     prefix_route: list[float] = []  # our route of Dynamo's question (one group, prefix), whole call
+    native_prefix: list[float] = []  # the same question to the native route path, as the hash-unit chain
     cohort_calls: list[float] = []  # the native cohort call(s) alone: every node's hits, nothing else
     decision: dict[str, list[float]] = {"search": [], "total": []}
     hits = []
@@ -197,7 +198,8 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     path = NativeRoute(index, searches["native"], None) if "native" in searches else None
     if path is not None:
         path.refresh(None)
-    native_times: dict[str, list[float]] = {"decision": [], "full": [], "decision_search": []}
+    native_times: dict[str, list[float]] = {"decision": [], "full": [], "decision_search": [], "units_decision": [],
+                                            "units_full": []}
     native_checked = 0
     for r, tokens in enumerate(prompts(docs, requests, rng)):
         decided = {}
@@ -232,6 +234,19 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
                     raise RuntimeError(f"request {r}: the native {name} differs from the Python path's")
                 if name == "decision":
                     native_times["decision_search"].append(_DECODE(got)["search_s"])
+            # the same prompt as its hash-unit chain (the hashes ready made, as Dynamo gets them)
+            cfg = CONFIGS[0]
+            chain: list[int | str] = [h if isinstance(h, int) else "0x" + h.hex() for h in (
+                external_hash(d, True) for d in hash_request_blocks(fa_hasher, tokens, cfg.hash_block_size))]
+            for name, k, want in (("units_decision", 1, one), ("units_full", None, first)):
+                body = _ENCODE(RouteRequest(unit_hashes=chain, hash_block_size=cfg.hash_block_size,
+                                            num_tokens=len(tokens), top_k=k))
+                t = time.perf_counter()
+                got = path.answer(body)
+                native_times[name].append(time.perf_counter() - t)
+                same = got is not None and _DECODE(got)["nodes"] == _DECODE(_ENCODE(want))["nodes"]
+                if not same:
+                    raise RuntimeError(f"request {r}: the native {name} differs from the token-id answer")
             native_checked += 1
         if "native" in searches:
             req = RouteRequest(token_ids=tokens)
@@ -259,6 +274,22 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
             theirs = {(k[0] if isinstance(k, tuple) else k): v for k, v in dict(scores).items()}
             if {k: v for k, v in ours.items() if v} != {k: v for k, v in theirs.items() if v}:
                 raise RuntimeError(f"request {r}: Dynamo's node → depth answer differs from our index's prefixes")
+            if path is not None and path.router.ready:  # full attention has 16-token blocks: the chain is its list
+                # the native path: the full answer (every node holding anything), prefixes per group and medium
+                body = _ENCODE(RouteRequest(unit_hashes=fa_wire, hash_block_size=CONFIGS[0].hash_block_size,
+                                            num_tokens=len(tokens), semantics="prefix-per-group"))
+                t = time.perf_counter()
+                got = path.answer(body)
+                native_prefix.append(time.perf_counter() - t)
+                req_units = _DECODE(body)
+                want = route(index, RouteRequest(**req_units), now=time.time())
+                if got is None or without_timings(got) != without_timings(_ENCODE(want)):
+                    raise RuntimeError(f"request {r}: the native prefix route differs from the Python path's")
+                # every node it shows (those with a hybrid hit) has Dynamo's depth as its full-attention prefix
+                for row in _DECODE(got)["nodes"]:
+                    node = int(row["node_id"].rsplit("-", 1)[1])
+                    if row["groups"][0]["prefix_blocks"]["any"] != theirs.get(node, 0):
+                        raise RuntimeError(f"request {r}: node {node}'s prefix differs from Dynamo's depth")
             dynamo_checked += 1
     main = timed[engines[0]]
     out: dict[str, Any] = {
@@ -292,6 +323,12 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
         out["prefix_route_one_group"] = summary(prefix_route)
         out["dynamo_radix_tree"]["ratio_dynamo_p50_over_prefix_route_p50"] = round(
             d["p50_us"] / max(out["prefix_route_one_group"]["p50_us"], 0.1), 4)
+        if native_prefix:
+            out["native_prefix_route"] = {**summary(native_prefix), "what": "Dynamo's question (each node's longest "
+                                          "prefix) to the native route path: the hash-unit chain, semantics "
+                                          "prefix-per-group, every node holding anything, every group's prefixes"}
+            out["dynamo_radix_tree"]["ratio_dynamo_p50_over_native_prefix_route_p50"] = round(
+                d["p50_us"] / max(out["native_prefix_route"]["p50_us"], 0.1), 4)
         out["dynamo_radix_tree"]["ratio_dynamo_p50_over_decision_search_p50"] = round(
             d["p50_us"] / max(out["decision_top_k_1"]["search"]["p50_us"], 0.1), 4)
         if cohort_calls:
@@ -304,6 +341,10 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
                                "decision_top_k_1": summary(native_times["decision"]),
                                "full_answer": summary(native_times["full"]),
                                "decision_search_part": summary(native_times["decision_search"]),
+                               "unit_chain": {"decision_top_k_1": summary(native_times["units_decision"]),
+                                              "full_answer": summary(native_times["units_full"]),
+                                              "what": "the same prompts sent as their hash-unit chain "
+                                                      "(unit_hashes): JSON read, search, ranking, JSON written"},
                                "what": "the route server's answer from the request bytes: JSON read, hashing, "
                                        "search, ranking, JSON written"}
         if tree is not None:
@@ -312,6 +353,11 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
                 d / max(out["native_route"]["decision_top_k_1"]["p50_us"], 0.1), 4)
             out["dynamo_radix_tree"]["ratio_dynamo_p50_over_native_full_answer_p50"] = round(
                 d / max(out["native_route"]["full_answer"]["p50_us"], 0.1), 4)
+            units = out["native_route"]["unit_chain"]
+            out["dynamo_radix_tree"]["ratio_dynamo_p50_over_native_unit_chain_decision_p50"] = round(
+                d / max(units["decision_top_k_1"]["p50_us"], 0.1), 4)
+            out["dynamo_radix_tree"]["ratio_dynamo_p50_over_native_unit_chain_full_answer_p50"] = round(
+                d / max(units["full_answer"]["p50_us"], 0.1), 4)
     else:
         out["native_route"] = {"missing": "the native route path is not built or not open for this fleet"}
     return out

@@ -135,10 +135,14 @@ def _lua_string(s: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def lua_script(bodies_path: str, path: str = "/route") -> str:
+def lua_script(bodies_path: str, path: str = "/route", delay_ms: int = 0) -> str:
     """The wrk script: every thread reads the bodies (one JSON object per line) and cycles through
     them, threads starting at different bodies; the bearer token, if any, comes from the
-    environment; `done()` prints one `KVPIPE_WRK {json}` line with the counts and percentiles (µs)."""
+    environment; `done()` prints one `KVPIPE_WRK {json}` line with the counts and percentiles (µs).
+    `delay_ms` > 0: each connection waits that long after an answer before its next request (wrk's
+    `delay()`), which holds the rate near connections ÷ (latency + delay) — wrk cannot pace a rate
+    itself, and this is how a step serves at a chosen share of the maximum."""
+    pacing = f"\nfunction delay()\n  return {int(delay_ms)}\nend\n" if delay_ms > 0 else ""
     return f"""-- kvpipe bench route-load: cycle through pre-generated {path} bodies
 local bodies_path = {_lua_string(bodies_path)}
 local reqs = {{}}
@@ -171,7 +175,7 @@ function request()
   i = (i % #reqs) + 1
   return reqs[i]
 end
-
+{pacing}
 function done(summary, latency, requests)
   local e = summary.errors
   io.write(string.format('{WRK_MARK}{{"requests": %d, "duration_us": %.0f, "bytes": %.0f, '
@@ -269,9 +273,25 @@ def make_bodies(docs: list[list[int]], n: int, uncached: float, whole: float, to
     return out
 
 
-def body_line(tokens: list[int]) -> str:
-    """One request body: the token ids and `top_k` 1 (the router's decision)."""
-    return json.dumps({"token_ids": tokens, "top_k": 1}, separators=(",", ":"))
+FORMS = ("tokens", "units")
+
+
+def body_of(tokens: list[int], form: str = "tokens") -> dict[str, Any]:
+    """One request: the prompt as token ids, or (`units`) as its hash-unit chain in vLLM's external int form —
+    what a router front end that hashes prompts itself sends (the fleet's nodes hash with `bench.CONFIGS[0]`) —
+    and `top_k` 1 (the router's decision)."""
+    if form == "tokens":
+        return {"token_ids": tokens, "top_k": 1}
+    if form != "units":
+        raise ValueError(f"form {form!r}: expected one of {', '.join(FORMS)}")
+    cfg = bench.CONFIGS[0]
+    chain = [external_hash(d, True) for d in hash_request_blocks(hasher_from_config(cfg), tokens, cfg.hash_block_size)]
+    return {"unit_hashes": chain, "hash_block_size": cfg.hash_block_size, "num_tokens": len(tokens), "top_k": 1}
+
+
+def body_line(tokens: list[int], form: str = "tokens") -> str:
+    """`body_of` as one line of JSON."""
+    return json.dumps(body_of(tokens, form), separators=(",", ":"))
 
 
 def pick_value(rates: dict[int, float]) -> tuple[int, float]:
@@ -626,7 +646,8 @@ def _warm(rig: _Rig) -> None:
         raise RuntimeError(f"route-load warm-up FAILED: {problem}\nwrk output:\n{text[-3000:]}")
 
 
-def _check_bodies(url: str, headers: dict[str, str], bodies: list[tuple[str, list[int]]]) -> dict[str, Any]:
+def _check_bodies(url: str, headers: dict[str, str], bodies: list[tuple[str, list[int]]],
+                  form: str = "tokens") -> dict[str, Any]:
     """Each body once at `url` (it must answer 200; the first may wait 30 s for the server to
     listen): the best hit per kind, for the report."""
     from kvpipe.processors.core.remote import post_json
@@ -636,7 +657,7 @@ def _check_bodies(url: str, headers: dict[str, str], bodies: list[tuple[str, lis
     for kind, tokens in bodies:
         while True:
             try:
-                status, answer = post_json(url, {"token_ids": tokens, "top_k": 1}, 30, headers)
+                status, answer = post_json(url, body_of(tokens, form), 30, headers)
                 break
             except OSError:  # nothing listens yet: a route server still starting
                 if hits or time.monotonic() > deadline:
@@ -689,6 +710,11 @@ def _connections_option(ctx: click.Context, param: click.Parameter, value: str) 
 @click.option("--cpus", default="", show_default=False, callback=_cpus_option,
               help="pin the processor child to these CPUs with taskset (0, 0,1, 0-1); default: not pinned")
 @click.option("--bodies", type=click.IntRange(1), default=50, show_default=True, help="distinct request bodies")
+@click.option("--form", type=click.Choice(FORMS), default="tokens", show_default=True,
+              help="the prompt in each body: token ids, or its hash-unit chain (unit_hashes, hashed up front)")
+@click.option("--delay-ms", type=click.IntRange(0, 1000), default=0, show_default=True,
+              help="per connection, ms between an answer and the next request (0: as fast as answered); "
+                   "with --connections it sets the rate a step serves at")
 @click.option("--uncached", type=click.FloatRange(0, 1), default=0.3, show_default=True,
               help="share of bodies no node holds any of")
 @click.option("--whole", type=click.FloatRange(0, 1), default=0.1, show_default=True,
@@ -750,7 +776,7 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
     topic, dlq, snaps = f"bench-route-load-{tag}", f"bench-route-load-dlq-{tag}", f"bench-route-load-snap-{tag}"
     tmp = Path(tempfile.mkdtemp(prefix="kvpipe-bench-route-load-"))
-    (tmp / "bodies.jsonl").write_text("".join(body_line(t) + "\n" for _, t in bodies))
+    (tmp / "bodies.jsonl").write_text("".join(body_line(t, args.form) + "\n" for _, t in bodies))
     ingest = IngestSource(args.ingest_nodes, args.ingest_events) if args.ingest_rate > 0 else None
     proc = None
     replicas: list = []  # router replicas beyond the first (--replicas)
@@ -789,10 +815,10 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
         load_s = time.perf_counter() - t_load
         stats = proc.get("/stats")
         url = f"http://127.0.0.1:{route_port}/route" if route_port else proc.url + "/route"
-        mix = _check_bodies(url, proc.headers, bodies)
+        mix = _check_bodies(url, proc.headers, bodies, args.form)
         rig = _Rig(args, proc, topic, kafka_conf, tmp, token, url)
         rig.replicas = replicas
-        rig.script.write_text(lua_script(str(tmp / "bodies.jsonl")))
+        rig.script.write_text(lua_script(str(tmp / "bodies.jsonl"), delay_ms=args.delay_ms))
         _warm(rig)
         probes = ProbeSeries(kafka_conf, topic, proc, route_url=url if route_port else None)
         try:
@@ -847,7 +873,7 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
         "fleet": {"nodes": args.nodes, "documents": args.documents, "prompt_tokens": args.prompt_tokens,
                   "per_node": args.per_node, "index_entries": stats["index_store"]["entries"],
                   "index_store": stats["index_store"]["kind"], "nodes_by_state": nodes_seen},
-        "bodies": args.bodies, "body_mix": mix,
+        "bodies": args.bodies, "body_form": args.form, "body_mix": mix, "delay_ms": args.delay_ms,
         "freshness_idle_ms": idle,
         "build_s": round(build_s, 2), "load_s": round(load_s, 2),
     }

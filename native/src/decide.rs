@@ -10,12 +10,15 @@
 //! call (`route::route_cohort`), rank the touched nodes, find the best node holding nothing when it
 //! could win, choose, trim to `top_k`, write the JSON.
 //!
-//! Only the common request is answered here: `token_ids` with at most `top_k` beside it, while the
-//! plan matches the index's generation, every cohort takes the native path and no in-flight guess
-//! exists. Anything else returns None and the server hands the request to the Python app, which
-//! answers it as before (its 400s included). `tests/integration/test_native_route.py` holds both
-//! answers equal on seeded fleets.
+//! Only the common request is answered here: `token_ids`, or the hash-unit chain (`unit_hashes`
+//! with `hash_block_size` and `num_tokens`, every node hashing in that unit), with at most `top_k`
+//! and the semantics (`hma` or `prefix-per-group`) beside it, while the plan matches the index's
+//! generation, every cohort takes the native path and no in-flight guess exists. Anything else
+//! returns None and the server hands the request to the Python app, which answers it as before
+//! (its 400s included). `tests/unit/router/test_router_native_route.py` holds both answers equal
+//! on seeded fleets, in both prompt forms and both semantics.
 
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -136,9 +139,125 @@ pub struct Router {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Request {
-    token_ids: Vec<i64>,
+    #[serde(default)]
+    token_ids: Option<Vec<i64>>,
+    /// The prompt's hash-unit chain (`processors/router/request.py: _check_units`), as store keys.
+    #[serde(default)]
+    unit_hashes: Option<Vec<UnitKey>>,
+    #[serde(default)]
+    hash_block_size: Option<i64>,
+    #[serde(default)]
+    num_tokens: Option<i64>,
     #[serde(default)]
     top_k: Option<i64>,
+    /// "hma" (the default) or "prefix-per-group" (each group's row also says its longest held prefix).
+    #[serde(default)]
+    semantics: Option<String>,
+}
+
+/// `processors/router/request.py: MAX_HASHES`.
+pub const MAX_HASHES: usize = 100_000;
+
+/// One hash of a request's chain as the store keys it (`processors/core/slots.py: key_of`): an int
+/// (vLLM's external form, `0 <= h < 2**64`) as it is, `"0x…"` bytes by their last 8 bytes read
+/// big-endian. Anything else fails the parse, and the request goes to Python, which names the field.
+struct UnitKey(u64);
+
+impl<'de> Deserialize<'de> for UnitKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = UnitKey;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an int in [0, 2**64) or a \"0x…\" hex string")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<UnitKey, E> {
+                Ok(UnitKey(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<UnitKey, E> {
+                hex_key(v)
+                    .map(UnitKey)
+                    .ok_or_else(|| E::custom("not a clean 0x hex string"))
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
+/// The key of `"0x…"` (1 to 64 bytes as plain hex digit pairs; the odd spellings Python's
+/// `bytes.fromhex` also takes are left to it).
+fn hex_key(v: &str) -> Option<u64> {
+    let digits = v
+        .strip_prefix("0x")
+        .or_else(|| v.strip_prefix("0X"))?
+        .as_bytes();
+    if digits.is_empty() || digits.len() % 2 != 0 || digits.len() > 128 {
+        return None;
+    }
+    let mut key = 0u64;
+    for &c in &digits[digits.len().saturating_sub(16)..] {
+        key = key << 4 | (c as char).to_digit(16)? as u64;
+    }
+    digits.iter().all(u8::is_ascii_hexdigit).then_some(key)
+}
+
+/// What a request asks, once checked.
+struct Ask {
+    prompt: Prompt,
+    top_k: Option<i64>,
+    /// semantics "prefix-per-group": every group row carries `prefix_blocks`
+    prefixes: bool,
+}
+
+/// The prompt of a request: token ids to hash, or the chain already hashed.
+enum Prompt {
+    Tokens(Vec<i64>),
+    Units {
+        keys: Vec<u64>,
+        unit: usize,
+        num_tokens: i64,
+    },
+}
+
+impl Request {
+    /// What the request asks when it is one this module answers exactly as Python would; None for
+    /// Python to answer (its 400s and 413s say what is wrong).
+    fn ask(self) -> Option<Ask> {
+        if self.top_k.is_some_and(|k| k < 1) {
+            return None;
+        }
+        let prefixes = match self.semantics.as_deref() {
+            None | Some("hma") => false,
+            Some("prefix-per-group") => true,
+            Some(_) => return None,
+        };
+        let top_k = self.top_k;
+        let prompt = match (self.token_ids, self.unit_hashes) {
+            (Some(tokens), None) => {
+                let ok = !tokens.is_empty()
+                    && tokens.len() <= MAX_TOKENS
+                    && self.num_tokens.is_none()
+                    && self.hash_block_size.is_none();
+                ok.then_some(Prompt::Tokens(tokens))
+            }
+            (None, Some(units)) => {
+                let unit = self.hash_block_size.filter(|&u| u >= 1)?;
+                let n = self.num_tokens.filter(|&n| n >= 1)?;
+                let ok = units.len() <= MAX_HASHES && units.len() as i64 == n / unit;
+                ok.then(|| Prompt::Units {
+                    keys: units.into_iter().map(|k| k.0).collect(),
+                    unit: unit as usize,
+                    num_tokens: n,
+                })
+            }
+            _ => None,
+        }?;
+        Some(Ask {
+            prompt,
+            top_k,
+            prefixes,
+        })
+    }
 }
 
 /// A candidate row before it is written: its rank key, then what the row needs.
@@ -201,12 +320,7 @@ impl Router {
     /// The answer's JSON for `body`, or None for Python to answer.
     pub fn answer(&self, body: &[u8]) -> Option<Vec<u8>> {
         let req: Request = serde_json::from_slice(body).ok()?;
-        if req.token_ids.is_empty()
-            || req.token_ids.len() > MAX_TOKENS
-            || req.top_k.is_some_and(|k| k < 1)
-        {
-            return None; // Python's 400 / 413 with its reason
-        }
+        let ask = req.ask()?;
         let plan = self.current()?;
         let live = self.live.read().unwrap_or_else(|e| e.into_inner()).clone();
         if live.len() != plan.nodes.len() {
@@ -216,7 +330,7 @@ impl Router {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
-        decide(&plan, &live, &self.store, &req.token_ids, req.top_k, now)
+        decide(&plan, &live, &self.store, &ask, now)
     }
 }
 
@@ -247,15 +361,12 @@ fn before(a: &Row, b: &Row, plan: &Plan) -> bool {
         .is_some_and(|o| o == std::cmp::Ordering::Less)
 }
 
-fn decide(
-    plan: &Plan,
-    live: &[Live],
-    store: &Shared,
-    tokens: &[i64],
-    top_k: Option<i64>,
-    now: f64,
-) -> Option<Vec<u8>> {
-    let num_tokens = tokens.len() as i64;
+fn decide(plan: &Plan, live: &[Live], store: &Shared, ask: &Ask, now: f64) -> Option<Vec<u8>> {
+    let (prompt, top_k) = (&ask.prompt, ask.top_k);
+    let num_tokens = match prompt {
+        Prompt::Tokens(tokens) => tokens.len() as i64,
+        Prompt::Units { num_tokens, .. } => *num_tokens,
+    };
     let cap = (num_tokens - 1).max(1) as f64;
     let t_hash = Instant::now();
     // per configuration: the chain's 64-bit keys (the digest's last 8 bytes, as the store keys them)
@@ -264,17 +375,23 @@ fn decide(
     for c in &plan.cohorts {
         if chains[c.config].is_none() {
             let cfg = &plan.configs[c.config];
-            let digests = tokenhash::sha256_chain(&cfg.none_hash, tokens, cfg.unit)?;
-            chains[c.config] = Some(
-                digests
-                    .iter()
-                    .map(|d| u64::from_be_bytes(d[24..].try_into().expect("32-byte digest")))
-                    .collect(),
-            );
+            chains[c.config] = Some(match prompt {
+                Prompt::Tokens(tokens) => {
+                    tokenhash::sha256_chain(&cfg.none_hash, tokens, cfg.unit)?
+                        .iter()
+                        .map(|d| u64::from_be_bytes(d[24..].try_into().expect("32-byte digest")))
+                        .collect()
+                }
+                // nodes hashing in other units are Python's "lists" no-signal entries
+                Prompt::Units { keys, unit, .. } if *unit == cfg.unit => keys.clone(),
+                Prompt::Units { .. } => return None,
+            });
         }
         config_nodes[c.config] += c.members.owners.len();
     }
     let hashing_s = t_hash.elapsed().as_secs_f64();
+    // an answer to a chain names no hash configuration and spent no time hashing (`decide.route`)
+    let hashed = matches!(prompt, Prompt::Tokens(_));
     let t_search = Instant::now();
     let mut rows: Vec<Row> = Vec::new();
     let mut touched_sets: Vec<Vec<bool>> = Vec::with_capacity(plan.cohorts.len());
@@ -312,16 +429,18 @@ fn decide(
                 &c.members,
                 &models,
                 &plan.media_rank,
-                false,
+                ask.prefixes,
             )
             .ok()?;
             // a medium opened since the plan was exported has no name here yet: Python answers
             let named = (1u64 << plan.media.len().min(route::MEDIA_BITS as usize)) - 1;
-            if out.iter().any(|n| {
-                n.groups
-                    .iter()
-                    .any(|g| g.media & !(named | route::GPU_BIT | route::UNKNOWN_BIT) != 0)
-            }) {
+            let unnamed = |g: &route::GroupOut| {
+                g.media & !(named | route::GPU_BIT | route::UNKNOWN_BIT) != 0
+                    || g.prefix.as_ref().is_some_and(|(per, _)| {
+                        per.iter().any(|&(m, _)| m >= plan.media.len() as i64)
+                    })
+            };
+            if out.iter().any(|n| n.groups.iter().any(unnamed)) {
                 return None;
             }
             let mut touched = vec![false; c.nodes.len()];
@@ -395,6 +514,11 @@ fn decide(
         }
     }
     let search_s = t_search.elapsed().as_secs_f64();
+    let (chains, hashing_s) = if hashed {
+        (chains, hashing_s)
+    } else {
+        (Vec::new(), 0.0)
+    };
     Some(write_answer(
         plan,
         live,
@@ -405,6 +529,7 @@ fn decide(
         hashing_s,
         search_s,
         now,
+        ask.prefixes,
     ))
 }
 
@@ -433,6 +558,7 @@ fn write_answer(
     hashing_s: f64,
     search_s: f64,
     now: f64,
+    prefixes: bool,
 ) -> Vec<u8> {
     let mut o = String::with_capacity(1024 + plan.no_signal.len());
     o.push_str("{\"chosen\":");
@@ -440,14 +566,20 @@ fn write_answer(
         Some(r) => push_str_json(&mut o, &plan.nodes[r.node].id),
         None => o.push_str("null"),
     }
-    o.push_str(",\"semantics\":\"hma\",\"model\":");
+    o.push_str(if prefixes {
+        ",\"semantics\":\"prefix-per-group\",\"model\":"
+    } else {
+        ",\"semantics\":\"hma\",\"model\":"
+    });
     o.push_str(&plan.model);
     o.push_str(",\"num_tokens\":");
     o.push_str(&num_tokens.to_string());
     o.push_str(",\"hash_configs\":[");
     let mut first = true;
     for (i, cfg) in plan.configs.iter().enumerate() {
-        let Some(chain) = &chains[i] else { continue };
+        let Some(Some(chain)) = chains.get(i) else {
+            continue;
+        };
         if config_nodes[i] == 0 {
             continue;
         }
@@ -467,7 +599,7 @@ fn write_answer(
         if i > 0 {
             o.push(',');
         }
-        write_row(&mut o, plan, &live[r.node], r, now);
+        write_row(&mut o, plan, &live[r.node], r, now, prefixes);
     }
     o.push_str("],\"no_signal\":");
     o.push_str(&plan.no_signal);
@@ -479,7 +611,7 @@ fn write_answer(
     o.into_bytes()
 }
 
-fn write_row(o: &mut String, plan: &Plan, l: &Live, r: &Row, now: f64) {
+fn write_row(o: &mut String, plan: &Plan, l: &Live, r: &Row, now: f64, prefixes: bool) {
     let node = &plan.nodes[r.node];
     o.push_str(&node.head);
     o.push_str("\"state\":");
@@ -509,12 +641,9 @@ fn write_row(o: &mut String, plan: &Plan, l: &Live, r: &Row, now: f64) {
             o.push(',');
         }
         o.push_str(head);
-        let (gpu_blocks, blocks, media) = match &r.out {
-            Some(n) => (
-                n.groups[k].gpu_blocks,
-                n.groups[k].blocks,
-                n.groups[k].media,
-            ),
+        let group = r.out.as_ref().map(|n| &n.groups[k]);
+        let (gpu_blocks, blocks, media) = match group {
+            Some(g) => (g.gpu_blocks, g.blocks, g.media),
             None => (0, 0, 0),
         };
         o.push_str("\"gpu_blocks\":");
@@ -523,6 +652,9 @@ fn write_row(o: &mut String, plan: &Plan, l: &Live, r: &Row, now: f64) {
         o.push_str(&blocks.to_string());
         o.push_str(",\"medium\":");
         push_str_json(o, &media_names(plan, media));
+        if prefixes {
+            write_prefixes(o, plan, group.and_then(|g| g.prefix.as_ref()));
+        }
         o.push('}');
     }
     o.push_str("],\"exact\":true,\"reason\":null,\"score\":");
@@ -540,6 +672,37 @@ fn write_row(o: &mut String, plan: &Plan, l: &Live, r: &Row, now: f64) {
     }
     o.push_str(&parts.join(","));
     o.push_str("}}");
+}
+
+/// `"prefix_blocks"` as `processors/router/cohort.py: _prefixes` writes it: per medium the node holds
+/// in the group, by name, the longest held prefix in blocks, then "any" (a node holding nothing:
+/// `{"any":0}`).
+fn write_prefixes(o: &mut String, plan: &Plan, prefix: Option<&(Vec<(i64, usize)>, usize)>) {
+    o.push_str(",\"prefix_blocks\":{");
+    let (mut per, any): (Vec<(&str, usize)>, usize) = match prefix {
+        Some((per, any)) => (
+            per.iter()
+                .map(|&(m, n)| {
+                    (
+                        if m < 0 {
+                            "GPU"
+                        } else {
+                            plan.media[m as usize].as_str()
+                        },
+                        n,
+                    )
+                })
+                .collect(),
+            *any,
+        ),
+        None => (Vec::new(), 0),
+    };
+    per.sort();
+    for (name, n) in per {
+        push_str_json(o, name);
+        let _ = write!(o, ":{n},");
+    }
+    let _ = write!(o, "\"any\":{any}}}");
 }
 
 /// `processors/core/slots.py: NativeStore.media_names`: GPU first, then the others by name, "?" for

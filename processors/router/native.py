@@ -1,7 +1,7 @@
 """The native route path's Python half: what `kvpipe_native.NativeRouter` (native/src/decide.rs) needs to answer
 `POST /route` without Python, exported from the index.
 
-The native side answers the common request — token ids, at most `top_k` — exactly as `decide.route` does on its
+The native side answers the common request — token ids or the hash-unit chain (`unit_hashes`), at most `top_k` — exactly as `decide.route` does on its
 native cohort path; this module hands it everything that is not per request, worked out by the same code the
 Python path runs (`plan.plan`, `hashing`, `hits.HitSearch.native_layout`, the answer's own Structs encoded by
 msgspec), so the rules stay in one place:

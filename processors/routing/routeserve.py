@@ -2,8 +2,8 @@
 
 With `route_port` set, the app starts `kvpipe_native.NativeRouter.serve` on that port at start-up. The server reads
 the index's native store under its reader-writer lock while the agent applies events, so queries neither wait for
-the event loop nor make ingest wait behind them; it answers the common request itself (token ids, at most
-`top_k`: `processors/router/native.py` says exactly when) and passes every other request — other paths, other
+the event loop nor make ingest wait behind them; it answers the common request itself (token ids or the
+hash-unit chain, at most `top_k`: `processors/router/native.py` says exactly when) and passes every other request — other paths, other
 request forms, and all of them while the native path is closed — to this app's own web port, which answers as
 before. Auth, body size, read timeout and the error bodies are the app's (native/src/serve.rs).
 

@@ -175,6 +175,21 @@ def test_bodies_mix_and_lines():
         rl.make_bodies(docs, 10, 0.8, 0.3, 256, random.Random(1))
 
 
+def test_a_body_as_its_unit_chain_and_paced_scripts():
+    rng = random.Random(2)
+    tokens = [rng.randrange(150_000) for _ in range(100)]
+    body = json.loads(rl.body_line(tokens, "units"))
+    assert body["hash_block_size"] == 16 and body["num_tokens"] == 100 and body["top_k"] == 1
+    assert len(body["unit_hashes"]) == 100 // 16 and all(0 <= h < 1 << 64 for h in body["unit_hashes"])
+    # the chain is the prompt's: the same tokens give the same chain, one token changed moves it from there on
+    other = json.loads(rl.body_line(tokens[:40] + [tokens[40] + 1] + tokens[41:], "units"))["unit_hashes"]
+    assert other[:2] == body["unit_hashes"][:2] and other[2] != body["unit_hashes"][2]
+    with pytest.raises(ValueError):
+        rl.body_of(tokens, "blocks")
+    assert "function delay()\n  return 3\nend" in rl.lua_script("/tmp/b.jsonl", delay_ms=3)
+    assert "function delay" not in rl.lua_script("/tmp/b.jsonl")
+
+
 def test_value_is_at_32_connections_or_the_nearest():
     assert rl.pick_value({1: 10.0, 8: 20.0, 32: 30.0, 128: 25.0}) == (32, 30.0)
     assert rl.pick_value({1: 10.0, 8: 20.0}) == (8, 20.0)

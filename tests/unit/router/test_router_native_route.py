@@ -15,6 +15,7 @@ import pytest
 
 from kvpipe.bench import route as bench
 from kvpipe.bench.route import without_timings as _plain
+from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
 from kvpipe.processors.router import native
 from kvpipe.processors.router.decide import route
 from kvpipe.processors.router.hits import HitSearch
@@ -59,14 +60,71 @@ def test_native_answers_equal_the_python_path(seed):
     assert path.router.ready, path.why_not
     uncached = [[rng.randrange(50_000, 60_000) for _ in range(300)] for _ in range(3)]
     checked = 0
-    for tokens in bench.prompts(docs, 10, rng) + uncached + [[1], [7] * 16]:
+    for i, tokens in enumerate(bench.prompts(docs, 10, rng) + uncached + [[1], [7] * 16]):
         for top_k in (None, 1, 2, 5):
-            req = RouteRequest(token_ids=tokens, top_k=top_k)
+            # every third prompt asks the prefix-per-group semantics (rows also say each group's prefixes)
+            req = RouteRequest(token_ids=tokens, top_k=top_k, semantics="prefix-per-group" if i % 3 == 2 else "hma")
             got = path.answer(msgspec.json.encode(req))
             assert got is not None, (seed, top_k)
-            assert _plain(got) == _python(index, req), (seed, top_k, len(tokens))
+            assert _plain(got) == _python(index, req), (seed, top_k, len(tokens), req.semantics)
             checked += 1
     assert checked == 4 * 15
+
+
+def _chain(tokens: list[int], as_bytes: bool = False) -> list:
+    """The prompt's hash-unit chain in its wire form: ints (vLLM's external form) or "0x…" digests."""
+    cfg = bench.CONFIGS[0]
+    digests = hash_request_blocks(hasher_from_config(cfg), tokens, cfg.hash_block_size)
+    return ["0x" + d.hex() if as_bytes else external_hash(d, True) for d in digests]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_native_answers_to_a_unit_chain_equal_the_python_path(seed):
+    rng, index, docs = _fleet(seed)
+    path = native.NativeRoute(index, HitSearch("native"), STALE)
+    path.refresh(None)
+    uncached = [[rng.randrange(50_000, 60_000) for _ in range(300)]]
+    checked = 0
+    for i, tokens in enumerate(bench.prompts(docs, 6, rng) + uncached + [[7] * 16, [7] * 40]):
+        for top_k in (None, 1, 3):
+            req = RouteRequest(unit_hashes=_chain(tokens, as_bytes=i % 2 == 1), hash_block_size=16,
+                               num_tokens=len(tokens), top_k=top_k,
+                               semantics="prefix-per-group" if top_k == 3 else "hma")
+            got = path.answer(msgspec.json.encode(req))
+            assert got is not None, (seed, top_k, i)
+            want = _python(index, req)
+            assert _plain(got) == want, (seed, top_k, len(tokens))
+            assert want["hash_configs"] == [] and json.loads(got)["hashing_s"] == 0.0
+            # the same prompt as token ids: the same nodes, rows and scores
+            by_tokens = _python(index, RouteRequest(token_ids=tokens, top_k=top_k, semantics=req.semantics))
+            assert by_tokens["nodes"] == want["nodes"] and by_tokens["chosen"] == want["chosen"]
+            checked += 1
+    assert checked == 3 * 9
+
+
+def test_unit_chains_it_does_not_model_go_to_python():
+    rng, index, docs = _fleet(1)
+    path = native.NativeRoute(index, HitSearch("native"), STALE)
+    path.refresh(None)
+    tokens = bench.prompts(docs, 1, rng)[0]
+    chain = _chain(tokens)
+    n = len(tokens)
+    assert path.answer(msgspec.json.encode(RouteRequest(unit_hashes=chain, hash_block_size=16, num_tokens=n))) \
+        is not None
+    for other in (
+            RouteRequest(unit_hashes=chain, hash_block_size=32, num_tokens=n),  # the nodes hash per 16: no signal
+            RouteRequest(unit_hashes=chain, hash_block_size=16, num_tokens=n + 16),  # one hash short: Python's 400
+            RouteRequest(unit_hashes=chain, hash_block_size=16),  # no num_tokens: Python's 400
+            RouteRequest(unit_hashes=chain, num_tokens=n),  # no unit: Python's 400
+            RouteRequest(unit_hashes=chain, token_ids=tokens, hash_block_size=16, num_tokens=n)):
+        assert path.answer(msgspec.json.encode(other)) is None, other
+    for bad in ([-1], ["0xabc"], ["0x zz"], ["ab"], [1.5], [1 << 64], ["0x"]):
+        raw = json.dumps({"unit_hashes": bad + chain[1:], "hash_block_size": 16, "num_tokens": n}).encode()
+        assert path.answer(raw) is None, bad
+    assert path.answer(json.dumps({"token_ids": tokens, "semantics": "other"}).encode()) is None
+    # token ids with a unit or a count are Python's to check
+    for extra in ({"num_tokens": n}, {"hash_block_size": 16}):
+        assert path.answer(json.dumps({"token_ids": tokens, **extra}).encode()) is None, extra
 
 
 def test_requests_it_does_not_model_go_to_python():
@@ -76,7 +134,7 @@ def test_requests_it_does_not_model_go_to_python():
     tokens = bench.prompts(docs, 1, rng)[0]
     assert path.answer(msgspec.json.encode(RouteRequest(token_ids=tokens))) is not None
     for other in (RouteRequest(token_ids=tokens, include_zero=True), RouteRequest(token_ids=tokens, model="m"),
-                  RouteRequest(token_ids=tokens, request_id="r1"), RouteRequest(token_ids=tokens, semantics="prefix-per-group"),
+                  RouteRequest(token_ids=tokens, request_id="r1"), 
                   RouteRequest(block_hashes={0: [1, 2]}, num_tokens=32), RouteRequest(token_ids=tokens, top_k=0),
                   RouteRequest(token_ids=[])):
         assert path.answer(msgspec.json.encode(other)) is None, other
