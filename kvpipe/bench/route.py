@@ -258,12 +258,26 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
         if tree is not None:
             fa = [external_hash(h, CONFIGS[0].int_hashes)
                   for h in hash_request_blocks(fa_hasher, tokens, CONFIGS[0].hash_block_size)]
-            took, scores = find_dynamo(tree, fa)
             # the request's wire form of the same hashes (ints here; bytes would travel as "0x…" text)
             fa_wire: list[int | str] = [h if isinstance(h, int) else "0x" + h.hex() for h in fa]
-            dyn.append(took)
-            # the same question on our index: each node's longest full-attention prefix on any medium
-            # (timed as a route shows it, then checked with every node listed)
+            # Dynamo's question to the native route path: the full answer (every node with a hit), prefixes per
+            # group and medium; full attention has 16-token blocks, so the unit chain is its list. Timed next to
+            # Dynamo's find_matches in alternating order, so neither runs in the other's wake more often.
+            native_ok = path is not None and path.router.ready
+            body = _ENCODE(RouteRequest(unit_hashes=fa_wire, hash_block_size=CONFIGS[0].hash_block_size,
+                                        num_tokens=len(tokens), semantics="prefix-per-group"))
+            native_got: bytes | None = None
+            for who in ("dynamo", "native") if r % 2 == 0 else ("native", "dynamo"):
+                if who == "dynamo":
+                    took, scores = find_dynamo(tree, fa)
+                    dyn.append(took)
+                elif native_ok:
+                    assert path is not None
+                    t = time.perf_counter()
+                    native_got = path.answer(body)
+                    native_prefix.append(time.perf_counter() - t)
+            # the same question on our index's Python path: each node's longest full-attention prefix on any
+            # medium (timed as a route shows it, then checked with every node listed)
             t = time.perf_counter()
             route(index, RouteRequest(block_hashes={0: fa_wire}, semantics="prefix-per-group"), now=1.0)
             prefix_route.append(time.perf_counter() - t)
@@ -274,19 +288,12 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
             theirs = {(k[0] if isinstance(k, tuple) else k): v for k, v in dict(scores).items()}
             if {k: v for k, v in ours.items() if v} != {k: v for k, v in theirs.items() if v}:
                 raise RuntimeError(f"request {r}: Dynamo's node → depth answer differs from our index's prefixes")
-            if path is not None and path.router.ready:  # full attention has 16-token blocks: the chain is its list
-                # the native path: the full answer (every node holding anything), prefixes per group and medium
-                body = _ENCODE(RouteRequest(unit_hashes=fa_wire, hash_block_size=CONFIGS[0].hash_block_size,
-                                            num_tokens=len(tokens), semantics="prefix-per-group"))
-                t = time.perf_counter()
-                got = path.answer(body)
-                native_prefix.append(time.perf_counter() - t)
-                req_units = _DECODE(body)
-                want = route(index, RouteRequest(**req_units), now=time.time())
-                if got is None or without_timings(got) != without_timings(_ENCODE(want)):
+            if native_ok:
+                want = route(index, RouteRequest(**_DECODE(body)), now=time.time())
+                if native_got is None or without_timings(native_got) != without_timings(_ENCODE(want)):
                     raise RuntimeError(f"request {r}: the native prefix route differs from the Python path's")
                 # every node it shows (those with a hybrid hit) has Dynamo's depth as its full-attention prefix
-                for row in _DECODE(got)["nodes"]:
+                for row in _DECODE(native_got)["nodes"]:
                     node = int(row["node_id"].rsplit("-", 1)[1])
                     if row["groups"][0]["prefix_blocks"]["any"] != theirs.get(node, 0):
                         raise RuntimeError(f"request {r}: node {node}'s prefix differs from Dynamo's depth")

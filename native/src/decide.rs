@@ -533,17 +533,13 @@ fn decide(plan: &Plan, live: &[Live], store: &Shared, ask: &Ask, now: f64) -> Op
     ))
 }
 
+/// Shortest text that reads back as `x` (what msgspec and Python write, up to exponent style).
 fn push_f64(out: &mut String, x: f64) {
     // JSON has no NaN or infinity; the plan's values are finite (loads are checked at ingest)
-    out.push_str(&ryu_like(x));
-}
-
-/// Shortest text that reads back as `x` (what msgspec and Python write, up to exponent style).
-fn ryu_like(x: f64) -> String {
     if x == x.trunc() && x.abs() < 1e16 {
-        format!("{x:.1}")
+        let _ = write!(out, "{x:.1}");
     } else {
-        format!("{x}")
+        let _ = write!(out, "{x}");
     }
 }
 
@@ -631,9 +627,9 @@ fn write_row(o: &mut String, plan: &Plan, l: &Live, r: &Row, now: f64, prefixes:
         _ => o.push_str("\"live\",\"state_reason\":null"),
     }
     o.push_str(",\"gpu_tokens\":");
-    o.push_str(&r.gpu.to_string());
+    let _ = write!(o, "{}", r.gpu);
     o.push_str(",\"loadable_tokens\":");
-    o.push_str(&r.loadable.to_string());
+    let _ = write!(o, "{}", r.loadable);
     o.push_str(",\"groups\":[");
     let model = &r.cohort.models[r.cohort.members.models[r.member] as usize];
     for (k, head) in model.group_heads.iter().enumerate() {
@@ -647,11 +643,11 @@ fn write_row(o: &mut String, plan: &Plan, l: &Live, r: &Row, now: f64, prefixes:
             None => (0, 0, 0),
         };
         o.push_str("\"gpu_blocks\":");
-        o.push_str(&gpu_blocks.to_string());
+        let _ = write!(o, "{gpu_blocks}");
         o.push_str(",\"blocks\":");
-        o.push_str(&blocks.to_string());
+        let _ = write!(o, "{blocks}");
         o.push_str(",\"medium\":");
-        push_str_json(o, &media_names(plan, media));
+        write_media(o, plan, media);
         if prefixes {
             write_prefixes(o, plan, group.and_then(|g| g.prefix.as_ref()));
         }
@@ -660,17 +656,20 @@ fn write_row(o: &mut String, plan: &Plan, l: &Live, r: &Row, now: f64, prefixes:
     o.push_str("],\"exact\":true,\"reason\":null,\"score\":");
     push_f64(o, r.score);
     o.push_str(",\"speculative\":false,\"load\":{");
-    let mut parts: Vec<String> = Vec::new();
+    // the Load struct's fields left out at their defaults, as msgspec writes it
+    let mut sep = "";
     if l.running != 0 {
-        parts.push(format!("\"running\":{}", l.running));
+        let _ = write!(o, "\"running\":{}", l.running);
+        sep = ",";
     }
     if l.waiting != 0 {
-        parts.push(format!("\"waiting\":{}", l.waiting));
+        let _ = write!(o, "{sep}\"waiting\":{}", l.waiting);
+        sep = ",";
     }
     if l.kv_usage != 0.0 {
-        parts.push(format!("\"kv_usage\":{}", ryu_like(l.kv_usage)));
+        let _ = write!(o, "{sep}\"kv_usage\":");
+        push_f64(o, l.kv_usage);
     }
-    o.push_str(&parts.join(","));
     o.push_str("}}");
 }
 
@@ -706,8 +705,14 @@ fn write_prefixes(o: &mut String, plan: &Plan, prefix: Option<&(Vec<(i64, usize)
 }
 
 /// `processors/core/slots.py: NativeStore.media_names`: GPU first, then the others by name, "?" for
-/// blocks on no medium known, "none" for none.
-fn media_names(plan: &Plan, mask: u64) -> String {
+/// blocks on no medium known, "none" for none; written as a JSON string.
+fn write_media(o: &mut String, plan: &Plan, mask: u64) {
+    // the common masks without a list: every row of every answer writes one per group
+    match mask {
+        0 => return o.push_str("\"none\""),
+        route::GPU_BIT => return o.push_str("\"GPU\""),
+        _ => {}
+    }
     let mut names: Vec<&str> = Vec::new();
     if mask & route::GPU_BIT != 0 {
         names.push("GPU");
@@ -721,15 +726,21 @@ fn media_names(plan: &Plan, mask: u64) -> String {
         }
     }
     names.sort_by(|a, b| (*a != "GPU", *a).cmp(&(*b != "GPU", *b)));
-    if names.is_empty() {
-        "none".into()
-    } else {
-        names.join("+")
-    }
+    push_str_json(o, &names.join("+"));
 }
 
+/// `s` as a JSON string: as it is between quotes when nothing in it needs escaping (node ids and
+/// medium names, in every row), else serde_json's escaping.
 fn push_str_json(o: &mut String, s: &str) {
-    o.push_str(&serde_json::to_string(s).expect("a str always encodes"));
+    if s.bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
+        o.push('"');
+        o.push_str(s);
+        o.push('"');
+    } else {
+        o.push_str(&serde_json::to_string(s).expect("a str always encodes"));
+    }
 }
 
 #[cfg(test)]
@@ -748,7 +759,9 @@ mod tests {
     #[test]
     fn floats_read_back() {
         for x in [0.0, -0.0, 1.0, 0.5, 1e-7, 123456.789, -0.045, 1e20] {
-            assert_eq!(ryu_like(x).parse::<f64>().unwrap(), x);
+            let mut s = String::new();
+            push_f64(&mut s, x);
+            assert_eq!(s.parse::<f64>().unwrap(), x);
         }
     }
 }
