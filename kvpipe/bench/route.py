@@ -199,8 +199,9 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     if path is not None:
         path.refresh(None)
     native_times: dict[str, list[float]] = {"decision": [], "full": [], "decision_search": [], "units_decision": [],
-                                            "units_full": []}
+                                            "units_full": [], "uncached_decision": []}
     native_checked = 0
+    fresh = random.Random(seed + 1)  # prompts no node holds (their own stream: the cached ones stay as they were)
     for r, tokens in enumerate(prompts(docs, requests, rng)):
         decided = {}
         for e in engines if r % 2 == 0 else engines[::-1]:
@@ -247,6 +248,13 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
                 same = got is not None and _DECODE(got)["nodes"] == _DECODE(_ENCODE(want))["nodes"]
                 if not same:
                     raise RuntimeError(f"request {r}: the native {name} differs from the token-id answer")
+            # a prompt no node holds, as long: every node is ranked by load alone
+            req = RouteRequest(token_ids=[fresh.randrange(150_000) for _ in tokens], top_k=1)
+            t = time.perf_counter()
+            got = path.answer(_ENCODE(req))
+            native_times["uncached_decision"].append(time.perf_counter() - t)
+            if got is None or without_timings(got) != without_timings(_ENCODE(route(index, req, now=1.0))):
+                raise RuntimeError(f"request {r}: the native decision of an uncached prompt differs from Python's")
             native_checked += 1
         if "native" in searches:
             req = RouteRequest(token_ids=tokens)
@@ -348,6 +356,7 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
                                "decision_top_k_1": summary(native_times["decision"]),
                                "full_answer": summary(native_times["full"]),
                                "decision_search_part": summary(native_times["decision_search"]),
+                               "uncached_decision_top_k_1": summary(native_times["uncached_decision"]),
                                "unit_chain": {"decision_top_k_1": summary(native_times["units_decision"]),
                                               "full_answer": summary(native_times["units_full"]),
                                               "what": "the same prompts sent as their hash-unit chain "
