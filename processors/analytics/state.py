@@ -2,7 +2,6 @@
 bookkeeping, the snapshot machinery, the sink and the analyst query executor. One per worker."""
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
@@ -11,11 +10,9 @@ from kvpipe.processors.analytics.query import AnalystQueries, QueryLimits
 from kvpipe.processors.analytics.restores import RestoreTracker
 from kvpipe.processors.analytics.sink import AnalyticsSink
 from kvpipe.processors.core.durability import Durability
-from kvpipe.processors.core import native
-from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.appindex import index_from_settings
 from kvpipe.processors.core.ingest import Ingest
 
-log = logging.getLogger(__name__)
 
 
 class AnalyticsDurability(Durability):
@@ -37,16 +34,9 @@ class AnalyticsDurability(Durability):
 
 class AnalyticsRuntime:
     def __init__(self) -> None:
-        # which engine runs: one line when it is the Python one, saying why; refused with require_native
-        engine_line = native.check_start("kvpipe analytics", settings.require_native)
-        if engine_line is not None:
-            log.warning(engine_line)
-        # the routing app's bounds and clock rule too: one set of lifetimes, epochs and expiries
-        self.index = Index(ttl_s=settings.node_ttl_s, retention_s=settings.node_retention_s,
-                           max_nodes=settings.max_nodes, max_blocks_per_slot=settings.max_blocks_per_slot,
-                           max_slots_per_node=settings.max_slots_per_node,
-                           store=settings.index_store if native.engine() == "native" else "python",
-                           lifetimes="columns")  # no object per ended block (processors/core/lifetimes.py)
+        # the routing app's bounds and clock rule too: one set of lifetimes, epochs and expiries; lifetimes as
+        # columns, no object per ended block (processors/core/lifetimes.py)
+        self.index = index_from_settings(settings, "kvpipe analytics", lifetimes="columns")
         self.ingest = Ingest(self.index, settings.max_message_bytes, settings.max_clock_skew_s)
         # re-stores and their stack distances (capacity curve); None: KVPIPE_ANALYTICS_CAPACITY=false
         self.restores = RestoreTracker() if settings.analytics_capacity else None

@@ -3,33 +3,23 @@ snapshot machinery. One instance per worker process. No analytics here: ClickHou
 analytics app's (`kvpipe.processors.analytics`), a separate process and consumer group."""
 from __future__ import annotations
 
-import logging
 import time
 from collections import Counter
 
 from kvpipe.processors.routing.api import NODE_STATES, node_state
 from kvpipe.processors.routing.app import app, settings
 from kvpipe.processors.core.durability import Durability
-from kvpipe.processors.core import native
-from kvpipe.processors.core.index import Index
+from kvpipe.processors.core.appindex import index_from_settings
 from kvpipe.processors.core.ingest import Ingest
 from kvpipe.processors.routing.metrics import ProcessorMetrics
 from kvpipe.processors.router.inflight import InFlight
 
-log = logging.getLogger(__name__)
 
 
 class Runtime:
     def __init__(self) -> None:
-        # which engine runs: one line when it is the Python one, saying why; refused with require_native
-        engine_line = native.check_start("kvpipe processor", settings.require_native)
-        if engine_line is not None:
-            log.warning(engine_line)
-        self.index = Index(ttl_s=settings.node_ttl_s, retention_s=settings.node_retention_s,
-                           max_nodes=settings.max_nodes, max_blocks_per_slot=settings.max_blocks_per_slot,
-                           max_slots_per_node=settings.max_slots_per_node,
-                           store=settings.index_store if native.engine() == "native" else "python",
-                           lifetimes=False)  # lifetimes are the analytics app's (it runs its own index)
+        # lifetimes are the analytics app's (it runs its own index)
+        self.index = index_from_settings(settings, "kvpipe processor", lifetimes=False)
         # one in-flight accounting per worker: it speculates only on nodes this worker's index holds
         self.inflight = InFlight(settings.route_inflight_ttl_s, settings.route_inflight_max_requests,
                                  settings.route_inflight_max_entries)

@@ -240,3 +240,19 @@ def test_the_stub_ships_beside_the_crate_for_maturin():
     assert (installed / "py.typed").exists()
     assert (installed / "__init__.pyi").read_bytes() == STUB.read_bytes(), (
         "the installed stub is not this checkout's: run infra/scripts/venv.sh (native.sh rebuilds the wheel)")
+
+
+def test_both_apps_get_their_index_from_one_place_with_the_settings_bounds(monkeypatch, caplog):
+    from kvpipe.processors.core.appindex import index_from_settings
+    from kvpipe.schemas.settings import load_settings
+
+    s = load_settings({"node_ttl_s": 12.5, "max_nodes": 7, "index_store": "python"}, env={})
+    index = index_from_settings(s, "kvpipe analytics", lifetimes="columns")
+    assert (index.ttl_s, index.max_nodes, index.store.kind, index.lifetimes_mode) == (12.5, 7, "python", "columns")
+    with native.python_engine("no build here"):
+        with caplog.at_level("WARNING"):
+            assert index_from_settings(load_settings({"index_store": "native"}, env={}), "kvpipe processor",
+                                       lifetimes=False).store.kind == "python"
+        assert "kvpipe processor: running on the Python engine, not the native core: no build here" in caplog.text
+        with pytest.raises(native.NativeUnavailable):
+            index_from_settings(load_settings({"require_native": True}, env={}), "kvpipe processor", lifetimes=False)
