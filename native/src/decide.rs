@@ -18,20 +18,16 @@
 //! (its 400s included). `tests/unit/router/test_router_native_route.py` holds both answers equal
 //! on seeded fleets, in both prompt forms and both semantics.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Deserialize;
-
+use crate::answer::write_answer;
+use crate::ask::{Ask, Prompt, Request};
 use crate::hit::Layout;
 use crate::pystore::{read, Shared};
 use crate::route::{self, Members, ModelArgs, NodeOut};
 use crate::tokenhash;
-
-/// `processors/router/request.py: MAX_TOKENS`; longer prompts get Python's 413.
-pub const MAX_TOKENS: usize = 1_000_000;
 
 /// One hash configuration the plan's nodes use (vLLM's default sha256 chain).
 pub struct Config {
@@ -136,140 +132,16 @@ pub struct Router {
     open: AtomicBool,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Request {
-    #[serde(default)]
-    token_ids: Option<Vec<i64>>,
-    /// The prompt's hash-unit chain (`processors/router/request.py: _check_units`), as store keys.
-    #[serde(default)]
-    unit_hashes: Option<Vec<UnitKey>>,
-    #[serde(default)]
-    hash_block_size: Option<i64>,
-    #[serde(default)]
-    num_tokens: Option<i64>,
-    #[serde(default)]
-    top_k: Option<i64>,
-    /// "hma" (the default) or "prefix-per-group" (each group's row also says its longest held prefix).
-    #[serde(default)]
-    semantics: Option<String>,
-}
-
-/// `processors/router/request.py: MAX_HASHES`.
-pub const MAX_HASHES: usize = 100_000;
-
-/// One hash of a request's chain as the store keys it (`processors/core/slots.py: key_of`): an int
-/// (vLLM's external form, `0 <= h < 2**64`) as it is, `"0x…"` bytes by their last 8 bytes read
-/// big-endian. Anything else fails the parse, and the request goes to Python, which names the field.
-struct UnitKey(u64);
-
-impl<'de> Deserialize<'de> for UnitKey {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl serde::de::Visitor<'_> for Visit {
-            type Value = UnitKey;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an int in [0, 2**64) or a \"0x…\" hex string")
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<UnitKey, E> {
-                Ok(UnitKey(v))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<UnitKey, E> {
-                hex_key(v)
-                    .map(UnitKey)
-                    .ok_or_else(|| E::custom("not a clean 0x hex string"))
-            }
-        }
-        d.deserialize_any(Visit)
-    }
-}
-
-/// The key of `"0x…"` (1 to 64 bytes as plain hex digit pairs; the odd spellings Python's
-/// `bytes.fromhex` also takes are left to it).
-fn hex_key(v: &str) -> Option<u64> {
-    let digits = v
-        .strip_prefix("0x")
-        .or_else(|| v.strip_prefix("0X"))?
-        .as_bytes();
-    if digits.is_empty() || digits.len() % 2 != 0 || digits.len() > 128 {
-        return None;
-    }
-    let mut key = 0u64;
-    for &c in &digits[digits.len().saturating_sub(16)..] {
-        key = key << 4 | (c as char).to_digit(16)? as u64;
-    }
-    digits.iter().all(u8::is_ascii_hexdigit).then_some(key)
-}
-
-/// What a request asks, once checked.
-struct Ask {
-    prompt: Prompt,
-    top_k: Option<i64>,
-    /// semantics "prefix-per-group": every group row carries `prefix_blocks`
-    prefixes: bool,
-}
-
-/// The prompt of a request: token ids to hash, or the chain already hashed.
-enum Prompt {
-    Tokens(Vec<i64>),
-    Units {
-        keys: Vec<u64>,
-        unit: usize,
-        num_tokens: i64,
-    },
-}
-
-impl Request {
-    /// What the request asks when it is one this module answers exactly as Python would; None for
-    /// Python to answer (its 400s and 413s say what is wrong).
-    fn ask(self) -> Option<Ask> {
-        if self.top_k.is_some_and(|k| k < 1) {
-            return None;
-        }
-        let prefixes = match self.semantics.as_deref() {
-            None | Some("hma") => false,
-            Some("prefix-per-group") => true,
-            Some(_) => return None,
-        };
-        let top_k = self.top_k;
-        let prompt = match (self.token_ids, self.unit_hashes) {
-            (Some(tokens), None) => {
-                let ok = !tokens.is_empty()
-                    && tokens.len() <= MAX_TOKENS
-                    && self.num_tokens.is_none()
-                    && self.hash_block_size.is_none();
-                ok.then_some(Prompt::Tokens(tokens))
-            }
-            (None, Some(units)) => {
-                let unit = self.hash_block_size.filter(|&u| u >= 1)?;
-                let n = self.num_tokens.filter(|&n| n >= 1)?;
-                let ok = units.len() <= MAX_HASHES && units.len() as i64 == n / unit;
-                ok.then(|| Prompt::Units {
-                    keys: units.into_iter().map(|k| k.0).collect(),
-                    unit: unit as usize,
-                    num_tokens: n,
-                })
-            }
-            _ => None,
-        }?;
-        Some(Ask {
-            prompt,
-            top_k,
-            prefixes,
-        })
-    }
-}
-
 /// A candidate row before it is written: its rank key, then what the row needs.
-struct Row<'a> {
-    tier: u8,
-    score: f64,
-    gpu: i64,
-    loadable: i64,
-    node: usize,
-    cohort: &'a CohortPlan,
-    member: usize,
-    out: Option<NodeOut>,
+pub(crate) struct Row<'a> {
+    pub(crate) tier: u8,
+    pub(crate) score: f64,
+    pub(crate) gpu: i64,
+    pub(crate) loadable: i64,
+    pub(crate) node: usize,
+    pub(crate) cohort: &'a CohortPlan,
+    pub(crate) member: usize,
+    pub(crate) out: Option<NodeOut>,
 }
 
 impl Router {
@@ -533,216 +405,6 @@ fn decide(plan: &Plan, live: &[Live], store: &Shared, ask: &Ask, now: f64) -> Op
     ))
 }
 
-/// Shortest text that reads back as `x` (what msgspec and Python write, up to exponent style).
-fn push_f64(out: &mut String, x: f64) {
-    // JSON has no NaN or infinity; the plan's values are finite (loads are checked at ingest)
-    if x == x.trunc() && x.abs() < 1e16 {
-        let _ = write!(out, "{x:.1}");
-    } else {
-        let _ = write!(out, "{x}");
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn write_answer(
-    plan: &Plan,
-    live: &[Live],
-    shown: &[&Row],
-    chains: &[Option<Vec<u64>>],
-    config_nodes: &[usize],
-    num_tokens: i64,
-    hashing_s: f64,
-    search_s: f64,
-    now: f64,
-    prefixes: bool,
-) -> Vec<u8> {
-    let mut o = String::with_capacity(1024 + plan.no_signal.len());
-    o.push_str("{\"chosen\":");
-    match shown.first() {
-        Some(r) => push_str_json(&mut o, &plan.nodes[r.node].id),
-        None => o.push_str("null"),
-    }
-    o.push_str(if prefixes {
-        ",\"semantics\":\"prefix-per-group\",\"model\":"
-    } else {
-        ",\"semantics\":\"hma\",\"model\":"
-    });
-    o.push_str(&plan.model);
-    o.push_str(",\"num_tokens\":");
-    o.push_str(&num_tokens.to_string());
-    o.push_str(",\"hash_configs\":[");
-    let mut first = true;
-    for (i, cfg) in plan.configs.iter().enumerate() {
-        let Some(Some(chain)) = chains.get(i) else {
-            continue;
-        };
-        if config_nodes[i] == 0 {
-            continue;
-        }
-        if !first {
-            o.push(',');
-        }
-        first = false;
-        o.push_str(&cfg.json_head);
-        o.push_str("\"hash_blocks\":");
-        o.push_str(&chain.len().to_string());
-        o.push_str(",\"hashing_s\":");
-        push_f64(&mut o, (hashing_s * 1e6).round() / 1e6);
-        o.push('}');
-    }
-    o.push_str("],\"nodes\":[");
-    for (i, r) in shown.iter().enumerate() {
-        if i > 0 {
-            o.push(',');
-        }
-        write_row(&mut o, plan, &live[r.node], r, now, prefixes);
-    }
-    o.push_str("],\"no_signal\":");
-    o.push_str(&plan.no_signal);
-    o.push_str(",\"hashing_s\":");
-    push_f64(&mut o, (hashing_s * 1e6).round() / 1e6);
-    o.push_str(",\"search_s\":");
-    push_f64(&mut o, (search_s * 1e6).round() / 1e6);
-    o.push_str(",\"partial\":false,\"missing_partitions\":[]}");
-    o.into_bytes()
-}
-
-fn write_row(o: &mut String, plan: &Plan, l: &Live, r: &Row, now: f64, prefixes: bool) {
-    let node = &plan.nodes[r.node];
-    o.push_str(&node.head);
-    o.push_str("\"state\":");
-    match r.tier {
-        2 => {
-            o.push_str("\"suspect\",\"state_reason\":");
-            o.push_str(l.suspect.as_deref().unwrap_or("null"));
-        }
-        1 => {
-            let (_, bound) = plan.stale_after.as_ref().expect("stale tier needs a bound");
-            o.push_str("\"stale\",\"state_reason\":");
-            push_str_json(
-                o,
-                &format!("silent for {:.1} s (bound {bound} s)", now - l.last_seen),
-            );
-        }
-        _ => o.push_str("\"live\",\"state_reason\":null"),
-    }
-    o.push_str(",\"gpu_tokens\":");
-    let _ = write!(o, "{}", r.gpu);
-    o.push_str(",\"loadable_tokens\":");
-    let _ = write!(o, "{}", r.loadable);
-    o.push_str(",\"groups\":[");
-    let model = &r.cohort.models[r.cohort.members.models[r.member] as usize];
-    for (k, head) in model.group_heads.iter().enumerate() {
-        if k > 0 {
-            o.push(',');
-        }
-        o.push_str(head);
-        let group = r.out.as_ref().map(|n| &n.groups[k]);
-        let (gpu_blocks, blocks, media) = match group {
-            Some(g) => (g.gpu_blocks, g.blocks, g.media),
-            None => (0, 0, 0),
-        };
-        o.push_str("\"gpu_blocks\":");
-        let _ = write!(o, "{gpu_blocks}");
-        o.push_str(",\"blocks\":");
-        let _ = write!(o, "{blocks}");
-        o.push_str(",\"medium\":");
-        write_media(o, plan, media);
-        if prefixes {
-            write_prefixes(o, plan, group.and_then(|g| g.prefix.as_ref()));
-        }
-        o.push('}');
-    }
-    o.push_str("],\"exact\":true,\"reason\":null,\"score\":");
-    push_f64(o, r.score);
-    o.push_str(",\"speculative\":false,\"load\":{");
-    // the Load struct's fields left out at their defaults, as msgspec writes it
-    let mut sep = "";
-    if l.running != 0 {
-        let _ = write!(o, "\"running\":{}", l.running);
-        sep = ",";
-    }
-    if l.waiting != 0 {
-        let _ = write!(o, "{sep}\"waiting\":{}", l.waiting);
-        sep = ",";
-    }
-    if l.kv_usage != 0.0 {
-        let _ = write!(o, "{sep}\"kv_usage\":");
-        push_f64(o, l.kv_usage);
-    }
-    o.push_str("}}");
-}
-
-/// `"prefix_blocks"` as `processors/router/cohort.py: _prefixes` writes it: per medium the node holds
-/// in the group, by name, the longest held prefix in blocks, then "any" (a node holding nothing:
-/// `{"any":0}`).
-fn write_prefixes(o: &mut String, plan: &Plan, prefix: Option<&(Vec<(i64, usize)>, usize)>) {
-    o.push_str(",\"prefix_blocks\":{");
-    let (mut per, any): (Vec<(&str, usize)>, usize) = match prefix {
-        Some((per, any)) => (
-            per.iter()
-                .map(|&(m, n)| {
-                    (
-                        if m < 0 {
-                            "GPU"
-                        } else {
-                            plan.media[m as usize].as_str()
-                        },
-                        n,
-                    )
-                })
-                .collect(),
-            *any,
-        ),
-        None => (Vec::new(), 0),
-    };
-    per.sort();
-    for (name, n) in per {
-        push_str_json(o, name);
-        let _ = write!(o, ":{n},");
-    }
-    let _ = write!(o, "\"any\":{any}}}");
-}
-
-/// `processors/core/slots.py: NativeStore.media_names`: GPU first, then the others by name, "?" for
-/// blocks on no medium known, "none" for none; written as a JSON string.
-fn write_media(o: &mut String, plan: &Plan, mask: u64) {
-    // the common masks without a list: every row of every answer writes one per group
-    match mask {
-        0 => return o.push_str("\"none\""),
-        route::GPU_BIT => return o.push_str("\"GPU\""),
-        _ => {}
-    }
-    let mut names: Vec<&str> = Vec::new();
-    if mask & route::GPU_BIT != 0 {
-        names.push("GPU");
-    }
-    if mask & route::UNKNOWN_BIT != 0 {
-        names.push("?");
-    }
-    for (i, m) in plan.media.iter().enumerate() {
-        if (i as u32) < route::MEDIA_BITS && mask >> i & 1 == 1 {
-            names.push(m);
-        }
-    }
-    names.sort_by(|a, b| (*a != "GPU", *a).cmp(&(*b != "GPU", *b)));
-    push_str_json(o, &names.join("+"));
-}
-
-/// `s` as a JSON string: as it is between quotes when nothing in it needs escaping (node ids and
-/// medium names, in every row), else serde_json's escaping.
-fn push_str_json(o: &mut String, s: &str) {
-    if s.bytes()
-        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
-    {
-        o.push('"');
-        o.push_str(s);
-        o.push('"');
-    } else {
-        o.push_str(&serde_json::to_string(s).expect("a str always encodes"));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -754,14 +416,5 @@ mod tests {
         assert_eq!(round9(-0.02), -0.02);
         assert_eq!(round9(1.0000000005), 1.000000001);
         assert_eq!(round9(0.0), 0.0);
-    }
-
-    #[test]
-    fn floats_read_back() {
-        for x in [0.0, -0.0, 1.0, 0.5, 1e-7, 123456.789, -0.045, 1e20] {
-            let mut s = String::new();
-            push_f64(&mut s, x);
-            assert_eq!(s.parse::<f64>().unwrap(), x);
-        }
     }
 }

@@ -9,13 +9,16 @@
 //!   node of a cohort searched from the store in one call (`processors/router/cohort.py`);
 //! - `tokenhash`: vLLM's default block hash chained over token ids (`processors/router/hashing.py`);
 //! - `decide` (Python face `pyroute::NativeRouter`): the route decision of the common request without
-//!   Python, from a plan `processors/router/native.py` exports; `serve` (Python face
+//!   Python, from a plan `processors/router/native.py` exports (`ask`: what a body asks; `answer`: the
+//!   JSON written); `serve` (Python face
 //!   `pyserve::RouteServer`): the HTTP server that runs it on threads of its own
 //!   (`processors/routing/routeserve.py`), passing everything else to the Python app.
 //!
 //! Python owns the API, the errors and the layout rules (`gpu/layout.py`, `gpu/hit.py`); each part
 //! has a Python reference that a property test holds it equal to.
 
+mod answer;
+mod ask;
 pub mod batch;
 pub mod decide;
 pub mod envelope;
