@@ -32,6 +32,7 @@ from typing import Any
 import click
 import clickhouse_connect
 
+from kvpipe.processors.analytics.chclient import client_kwargs
 from kvpipe.processors.analytics.migrations import apply_migrations
 from kvpipe.processors.analytics.query import AnalystQueries, QueryLimits, SqlRequest, client_runner
 from kvpipe.processors.analytics.saved import SavedQuery, list_queries, load_query
@@ -217,7 +218,7 @@ def compare_files(dsn: str, files: list[str], rounds: int = 2) -> dict:
     on the same store. The store is read only."""
     from pathlib import Path
 
-    client = clickhouse_connect.get_client(dsn=dsn)
+    client = clickhouse_connect.get_client(dsn=dsn, **client_kwargs(dsn))
     try:
         queries = AnalystQueries(client_runner(client), QueryLimits())
         out: dict[str, list] = {f: [] for f in files}
@@ -232,7 +233,7 @@ def compare_files(dsn: str, files: list[str], rounds: int = 2) -> dict:
 
 def fill_store(dsn: str, rows: int) -> dict:
     """Fill a store (a throwaway: it must not be kvpipe's own) as `saved_query_latency` does, and keep it."""
-    client = clickhouse_connect.get_client(dsn=dsn)
+    client = clickhouse_connect.get_client(dsn=dsn, **client_kwargs(dsn))
     try:
         apply_migrations(client)
         return {"rows": fill(client, rows), "parts": settle(client)}
@@ -249,7 +250,7 @@ def saved_query_latency(rows: int = 10_000_000, dsn: str | None = None) -> dict:
     if dsn is None:
         tmp = tempfile.mkdtemp(prefix="kvpipe-bench-sql-")
         dsn = f"chdb://{tmp}/store"
-    client = clickhouse_connect.get_client(dsn=dsn)
+    client = clickhouse_connect.get_client(dsn=dsn, **client_kwargs(dsn))
     try:
         apply_migrations(client)
         t0 = time.perf_counter()
