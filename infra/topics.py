@@ -50,10 +50,13 @@ def default_specs(events_topic: str, dlq_topic: str, snapshot_topic: str, partit
 def _admin(bootstrap: str):  # -> confluent_kafka.admin.AdminClient (lazy import keeps --help fast)
     from confluent_kafka.admin import AdminClient
 
+    from kvpipe.schemas.logsetup import librdkafka_logging
     from kvpipe.schemas.settings import load_settings
 
     # TLS/SASL from the settings (docs/security.md), the same for every cluster this process talks to
-    return AdminClient({**load_settings().kafka_confluent_security(), "bootstrap.servers": bootstrap})
+    settings = load_settings()
+    return AdminClient({**settings.kafka_confluent_security(), "bootstrap.servers": bootstrap,
+                        **librdkafka_logging(settings.log_format)})
 
 
 def list_topics(bootstrap: str, timeout: float = 10.0, internal: bool = False) -> dict[str, int]:

@@ -25,12 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
+from tenacity import RetryError, retry_if_exception_type, stop_after_delay
 
 from kvpipe.schemas.cliopts import Command, apply_bootstrap, bootstrap_server_option, configure_logging, log_level_option
 from kvpipe.progress import Progress
 from kvpipe.bench.procrun import free_port
 from kvpipe.processors.analytics.saved import QUERIES_DIR
 from kvpipe.processors.core.remote import ok_json
+from kvpipe.processors.core.retrying import retrying
 from kvpipe.schemas.settings import Settings, load_settings
 
 NODES = [
@@ -104,17 +106,17 @@ class Demo:
         proc = subprocess.Popen([sys.executable, "-m", "kvpipe", command], env=self.env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(proc)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
+        def answers() -> None:
+            if proc.poll() is not None:  # not retried: a RuntimeError
                 raise RuntimeError(f"{command} exited with {proc.returncode}; see {log_path}")
-            try:
-                _http(f"{base}/stats", timeout=2)
-                print(f"{command}: up at {base}", file=sys.stderr)
-                return
-            except (OSError, ValueError):  # not listening yet, or an error status while it starts
-                time.sleep(0.5)
-        raise RuntimeError(f"{command} did not answer on {base} within 90 s; see {log_path}")
+            _http(f"{base}/stats", timeout=2)
+
+        try:  # OSError, ValueError: not listening yet, or an error status while it starts
+            retrying(first_s=0.1, max_s=0.5, stop=stop_after_delay(90),
+                     retry=retry_if_exception_type((OSError, ValueError)))(answers)
+        except RetryError:
+            raise RuntimeError(f"{command} did not answer on {base} within 90 s; see {log_path}") from None
+        print(f"{command}: up at {base}", file=sys.stderr)
 
     def start_nodes(self) -> list[tuple[str, subprocess.Popen, Path]]:
         nodes = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvpipe.schemas.codec import DecodeError, decode_envelope
+from kvpipe.schemas.logsetup import librdkafka_logging
 from kvpipe.schemas.settings import Settings
 
 
@@ -24,6 +25,7 @@ def kafka_config(settings: Settings, node_id: str, overrides: dict | None = None
         # We enforce max_message_bytes on the envelope ourselves (with a useful message); this
         # only has to leave room for the record batch overhead, as the broker config does.
         "message.max.bytes": settings.max_message_bytes + 64 * 1024,
+        **librdkafka_logging(settings.log_format),
     }
     config.update(overrides or {})
     return config

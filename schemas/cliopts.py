@@ -14,6 +14,9 @@ dependency of kvpipe (and Faust's own command-line library).
 - `-l/--log-level LEVEL` (+ `KVPIPE_LOG_LEVEL`): one level for kvpipe's loggers and Faust's worker;
   the command receives the resolved level (flag, else the variable, else its default). `--loglevel`
   is Faust's own spelling of it: a plain second name, since a Faust operator types it by habit.
+- `--log-format text|json` (+ `KVPIPE_LOG_FORMAT`) beside every `--log-level`: text lines, or one JSON
+  object per line (kvpipe.schemas.logsetup). Exported as KVPIPE_LOG_FORMAT like `--bootstrap-server`, so
+  `configure_logging` and the processes a command starts read it, and no command's parameters change.
 - `-o/--output table|json` on every command that prints data (`output_option`): `table` for people,
   `json` for programs. `--json` stays as its older spelling, without a warning: scripts use it, and
   it means the same. Given together, they must agree (a usage error otherwise), as `kvpipe sql`'s
@@ -25,14 +28,15 @@ deployer reading a start script is whom the warning is for.
 """
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import click
 from click.core import ParameterSource
+
+from kvpipe.schemas.logsetup import LOG_FORMAT_ENV, LOG_FORMATS
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_LEVEL_ENV = "KVPIPE_LOG_LEVEL"
@@ -169,14 +173,39 @@ def apply_bootstrap(value: str | None) -> str | None:
 
 def log_level_option(default: str = "warning") -> Callable[[F], F]:
     """`-l/--log-level`, `--loglevel` (Faust's spelling) the same option (parameter `log_level`): the
-    command receives the resolved level, lower case."""
+    command receives the resolved level, lower case. With it `--log-format`, which no parameter receives: it is
+    exported (module doc) and `configure_logging` reads it."""
     def decorate(f: F) -> F:
+        f = click.option("--log-format", cls=SharedOption, type=click.Choice(LOG_FORMATS, case_sensitive=False),
+                         default=None, expose_value=False, callback=_use_log_format, metavar="FORMAT",
+                         help=f"log lines as text or one JSON object per line: {', '.join(LOG_FORMATS)} "
+                              f"({LOG_FORMAT_ENV}; default: text)")(f)
         return click.option("-l", "--log-level", "--loglevel", "log_level", cls=LogLevelOption,
                             command_default=default, type=click.Choice(LOG_LEVELS, case_sensitive=False),
                             default=None, metavar="LEVEL",
                             help=f"log level of kvpipe (and Faust) loggers: {', '.join(LOG_LEVELS)} "
                                  f"({LOG_LEVEL_ENV}; default: {default}); --loglevel is Faust's spelling")(f)
     return decorate
+
+
+def _use_log_format(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None and not ctx.resilient_parsing:
+        os.environ[LOG_FORMAT_ENV] = value.lower()
+
+
+def log_format() -> str:
+    """The `log_format` setting (`--log-format`, exported; KVPIPE_LOG_FORMAT; the settings file), else text."""
+    from kvpipe.schemas.settings import SettingsError, settings_layers
+
+    try:
+        layers = settings_layers()
+    except SettingsError as exc:
+        raise SystemExit(f"kvpipe: {exc}") from None
+    value = str(layers.values.get("log_format") or "text").lower()
+    if value not in LOG_FORMATS:
+        raise SystemExit(f"log_format={value!r} ({layers.source('log_format')}): expected one of "
+                         f"{', '.join(LOG_FORMATS)}")
+    return value
 
 
 def log_level(flag: str | None, default: str = "warning") -> str:
@@ -223,13 +252,13 @@ def _use_config_file(ctx: click.Context, param: click.Parameter, value: str | No
     os.environ[CONFIG_ENV] = path
 
 
-def configure_logging(level: str) -> str:
-    """Root handler on stderr at `level` (resolved by `--log-level`), the `kvpipe` logger too; the
-    level name (Faust's Worker takes it as `loglevel`)."""
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger().setLevel(level.upper())
-    logging.getLogger("kvpipe").setLevel(level.upper())
+def configure_logging(level: str, stream: TextIO | None = None) -> str:
+    """Root handler on `stream` (stderr) at `level` (resolved by `--log-level`) in the `log_format`
+    (`--log-format`), the `kvpipe` logger at `level` too, secrets masked (kvpipe.schemas.logsetup); the level
+    name (Faust's Worker takes it as `loglevel`)."""
+    from kvpipe.schemas import logsetup
+
+    logsetup.configure(level, log_format(), stream)
     return level
 
 

@@ -8,16 +8,22 @@ built (`read_secret`), never into output.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from kvpipe.schemas.configlayers import SettingsError
+
+if TYPE_CHECKING:
+    from kvpipe.schemas.settings import Settings
 
 SECRET_FIELDS = frozenset({"api_token", "kafka_sasl_password", "kafka_ssl_key_password", "kafka_oauth_client_secret"})
 # Words that make a pass-through property's value (or a DSN query parameter) a secret: sasl.jaas.config carries
 # a password, ssl.keystore.password is one.
 SECRET_WORDS = ("password", "secret", "jaas", "token", "credential")
 MASK = "***"
+# Shorter configured "secrets" are not masked in free text (`secret_values`): a 1–3 character value would turn
+# every matching letter of every log line into ***, and is no secret worth the name.
+MIN_MASKED_LEN = 4
 
 
 def masked(name: str, value: object) -> object:
@@ -63,3 +69,33 @@ def read_secret(path: str, field: str) -> str:
         return Path(path).read_text().rstrip("\r\n")
     except OSError as exc:  # the reason (missing, permission), never the content
         raise SettingsError(f"{field}: cannot read {path}: {exc.strerror}") from None
+
+
+def secret_values(settings: Settings) -> tuple[str, ...]:
+    """The secret values these settings hold or point at (the secret fields, the token and password files' content,
+    the DSN's password, secret-looking Kafka properties), longest first, for masking free text such as log lines
+    (kvpipe.schemas.logsetup). A secret file that cannot be read is skipped: whoever needs it reports why."""
+    found = [str(getattr(settings, name) or "") for name in SECRET_FIELDS]
+    readers = (settings.api_token_value, settings.kafka_password,
+               lambda: settings.clickhouse_client_kwargs().get("password", ""),
+               lambda: [str(v) for k, v in settings.kafka_client_properties().items() if _secret_key(k)])
+    for read in readers:
+        try:
+            value = read()
+        except (SettingsError, ValueError):
+            continue
+        found += value if isinstance(value, list) else [str(value or "")]
+    try:
+        dsn = urlsplit(settings.clickhouse_dsn)
+        found += [dsn.password or ""] + [v for k, v in parse_qsl(dsn.query) if _secret_key(k)]
+    except ValueError:
+        pass
+    return tuple(sorted({v for v in found if len(v) >= MIN_MASKED_LEN}, key=len, reverse=True))
+
+
+def mask_secrets(text: str, secrets: tuple[str, ...]) -> str:
+    """`text` with every one of `secrets` replaced by ***."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, MASK)
+    return text

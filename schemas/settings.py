@@ -40,6 +40,9 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                                   "(`--datadir`)")] = ".kvpipe"
     log_level: Annotated[str, Doc("level of kvpipe's and Faust's loggers: debug, info, warning, error, critical "
                                   "(`--log-level`); empty: the command's own default")] = ""
+    log_format: Annotated[Literal["text", "json"], Doc(
+        "how log lines are written (`--log-format`): `text` for people, or `json`, one object per line (time, "
+        "level, logger, message, exception) for a log pipeline (docs/operations.md)")] = "text"
 
     # Kafka
     kafka_bootstrap: Annotated[str, Doc("Kafka brokers, HOST:PORT[,...] (`--bootstrap-server`); empty: the local "

@@ -37,14 +37,13 @@ import statistics
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import click
+import httpx
 import msgspec
 
 from kvpipe.processors.analytics.rows import EVENT_COLUMNS, LIFETIME_COLUMNS, EventRow, event_columns, event_rows, \
@@ -215,18 +214,15 @@ class HeavyQueries:
 
     def _run(self) -> None:
         body = json.dumps({"sql": HEAVY_SQL}).encode()
-        while not self.stop.is_set():
-            req = urllib.request.Request(self.url + "/sql", data=body, headers={"content-type": "application/json"})
-            started = time.perf_counter()
-            try:
-                with urllib.request.urlopen(req, timeout=120) as resp:
-                    resp.read()
-                    self.statuses.append(resp.status)
-            except urllib.error.HTTPError as exc:
-                self.statuses.append(exc.code)
-            except OSError:
-                self.statuses.append(0)
-            self.durations.append(time.perf_counter() - started)
+        with httpx.Client(timeout=120) as client:
+            while not self.stop.is_set():
+                started = time.perf_counter()
+                try:
+                    resp = client.post(self.url + "/sql", content=body, headers={"content-type": "application/json"})
+                    self.statuses.append(resp.status_code)
+                except httpx.TransportError:
+                    self.statuses.append(0)
+                self.durations.append(time.perf_counter() - started)
 
     def __enter__(self) -> "HeavyQueries":
         self.thread.start()

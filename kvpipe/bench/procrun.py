@@ -15,7 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tenacity import RetryError, retry_if_exception_type, stop_after_delay
+
 from kvpipe.processors.core.remote import ok_json, post_json
+from kvpipe.processors.core.retrying import retrying
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,17 +56,18 @@ class ProcessorProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "kvpipe", self.command, *self.args], env=self.env,
                                      cwd=self.log_path.parent, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kvpipe {self.command} exited with {self.proc.returncode}; log:\n{self.log_tail()}")
-            try:
-                self.get("/stats")  # the web server starts once the partitions are restored
-                return self
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"kvpipe {self.command} did not answer on {self.url} within {timeout} s; log:\n{self.log_tail()}")
+        def answers() -> None:
+            if self.popen.poll() is not None:  # not retried: a RuntimeError
+                raise RuntimeError(f"kvpipe {self.command} exited with {self.popen.returncode}; log:\n{self.log_tail()}")
+            self.get("/stats")  # the web server starts once the partitions are restored
+
+        try:
+            retrying(first_s=0.05, max_s=0.2, stop=stop_after_delay(timeout),
+                     retry=retry_if_exception_type((OSError, ValueError)))(answers)
+        except RetryError:
+            raise TimeoutError(f"kvpipe {self.command} did not answer on {self.url} within {timeout} s; log:\n"
+                               f"{self.log_tail()}") from None
+        return self
 
     @property
     def popen(self) -> subprocess.Popen:

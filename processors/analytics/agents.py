@@ -16,7 +16,9 @@ import gc
 import logging
 import time
 
-from kvpipe.processors.core import rebalance
+from tenacity import RetryCallState
+
+from kvpipe.processors.core import rebalance, retrying
 from kvpipe.processors.analytics import derive, restore_state
 from kvpipe.processors.analytics.app import app, events_topic, settings
 from kvpipe.processors.analytics.derive import message_rows
@@ -204,18 +206,35 @@ async def ensure_tracker(partitions: list[int]) -> None:
         log.info("analytics: re-store tracker rebuilt from the store: %s", info)
 
 
+# The tracker's rebuild waits for the store as the sink's inserts do (kvpipe.processors.core.retrying), from 0.5 s up
+# to 30 s between tries: the partition stays paused meanwhile, its messages are not lost.
+TRACKER_FIRST_RETRY_S = 0.5
+TRACKER_MAX_RETRY_S = 30.0
+
+
+class TrackerNotRebuilt(RuntimeError):
+    """The rebuild answered, but the partition moved on while it ran (its state was not installed): try again."""
+
+
 async def ensure_tracker_retrying(partition: int) -> None:
-    pause = 0.5
-    while runtime.restores is not None and partition not in runtime.restores.loaded:
-        if partition not in runtime.durability.owned:
-            return  # revoked meanwhile: the caller drops the message
-        try:
-            await ensure_tracker([partition])
-        except Exception as exc:  # the store refuses: wait for it, like the sink does
-            _log_rate_limited("tracker", logging.WARNING, "analytics: re-store tracker of partition %s not rebuilt "
-                              "(%s: %s); partition paused, retrying", partition, type(exc).__name__, str(exc)[:300])
-            await asyncio.sleep(pause)
-            pause = min(30.0, pause * 2)
+    """Rebuild the partition's tracker before its first message is applied, retrying while the store refuses;
+    returns once it is rebuilt, or the partition was revoked meanwhile (the caller then drops the message)."""
+    def refused(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        _log_rate_limited("tracker", logging.WARNING, "analytics: re-store tracker of partition %s not rebuilt "
+                          "(%s: %s); partition paused, retrying", partition, type(exc).__name__, str(exc)[:300])
+
+    await retrying.async_retrying(first_s=TRACKER_FIRST_RETRY_S, max_s=TRACKER_MAX_RETRY_S,
+                                  before_sleep=refused)(_rebuild_tracker_once, partition)
+
+
+async def _rebuild_tracker_once(partition: int) -> None:
+    tracker = runtime.restores
+    if tracker is None or partition in tracker.loaded or partition not in runtime.durability.owned:
+        return  # nothing (more) to do: rebuilt, revoked, or no tracker at all
+    await ensure_tracker([partition])
+    if partition not in tracker.loaded and partition in runtime.durability.owned:
+        raise TrackerNotRebuilt(f"partition {partition} moved on while its tracker was read from the store")
 
 
 @connect(app.on_rebalance_complete)

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from kvpipe.processors.analytics import formats
-from kvpipe.processors.core.appcli import worker_settings
+from kvpipe.processors.core.appcli import app_logging, run_worker, worker_settings
 from kvpipe.schemas.cliopts import (Command, apply_bootstrap, bootstrap_server_option, configure_logging,
                                     datadir_option, json_option, log_level_option, output_option, web_bind_option)
 from kvpipe.schemas.settings import SettingsError, load_settings
@@ -45,7 +45,7 @@ def analytics(web_port: int | None, state_dir: str | None, topic: str | None, an
               clickhouse_dsn: str | None, web_host: str | None, insecure: bool, bootstrap_server: str | None,
               log_level: str) -> int:
     apply_bootstrap(bootstrap_server)
-    # log_level is resolved (flag, KVPIPE_LOG_LEVEL, default): Faust's Worker configures logging at it
+    # log_level is resolved (flag, KVPIPE_LOG_LEVEL, default): Faust's Worker configures logging at it (run_worker)
     flags = {"KVPIPE_ANALYTICS_WEB_PORT": web_port, "KVPIPE_WEB_HOST": web_host, "KVPIPE_STATE_DIR": state_dir,
              "KVPIPE_EVENTS_TOPIC": topic, "KVPIPE_ANALYTICS_ID": analytics_id,
              "KVPIPE_CLICKHOUSE_DSN": clickhouse_dsn}
@@ -53,8 +53,7 @@ def analytics(web_port: int | None, state_dir: str | None, topic: str | None, an
     if settings is None:
         return 2
     os.makedirs(settings.state_path("analytics-app"), exist_ok=True)
-    from faust.worker import Worker
-
+    app_logging(log_level)
     from kvpipe.processors.analytics import agents, views  # noqa: F401  (registers the agent, timers and pages)
     from kvpipe.processors.analytics.app import app
     from kvpipe.processors.analytics.state import runtime
@@ -65,8 +64,7 @@ def analytics(web_port: int | None, state_dir: str | None, topic: str | None, an
         print(f"kvpipe analytics: the analytics store at {_safe_dsn(settings.clickhouse())} cannot be opened "
               f"({type(exc).__name__}: {_safe_text(exc, settings.clickhouse())}); check KVPIPE_CLICKHOUSE_DSN and that the store is up", file=sys.stderr)
         return 1
-    # Worker installs SIGTERM/SIGINT handlers that stop the app cleanly (final snapshot included).
-    Worker(app, loglevel=log_level, quiet=True).execute_from_commandline()
+    run_worker(app, log_level)
     return 0
 
 

@@ -31,8 +31,9 @@ No row is ever dropped. `submit` never blocks and never refuses; the asynchronou
 before it takes the next message) awaits on the event loop — it never blocks the loop thread,
 where aiokafka's heartbeats run — so consumption stops and Kafka is the buffer.
 
-Failures. A failed insert is retried, the same rows, with exponential back-off capped at
-`retry_max_s`, for as long as the store refuses (down, read-only, out of disk, slow). Nothing is
+Failures. A failed insert is retried, the same rows, with kvpipe's retry policy
+(kvpipe.processors.core.retrying: exponential back-off from `FIRST_RETRY_S` with jitter, each wait at most
+`retry_max_s`), for as long as the store refuses (down, read-only, out of disk, slow). Nothing is
 split or dropped: a row the store rejects for its content is a bug, and it stays visible —
 `store_state` "refusing" with the reason, a log line per `log_every_s` — until it is fixed. The
 writer thread survives all of it; `close()` gives up after its timeout and leaves the rows
@@ -48,6 +49,7 @@ from collections import deque
 from typing import Any
 
 import clickhouse_connect
+from tenacity import RetryCallState
 
 from kvpipe.processors.analytics.chclient import client_kwargs
 from kvpipe.processors.analytics.migrations import apply_migrations
@@ -55,8 +57,12 @@ from kvpipe.processors.analytics.query import bind_values, run_on_client
 from kvpipe.processors.analytics.reads import ReadClients
 from kvpipe.processors.analytics.sqlguard import checked_sql
 from kvpipe.processors.analytics.tables import BY_NAME, TABLES, MessageRows, rows_count
+from kvpipe.processors.core import retrying
 
 log = logging.getLogger(__name__)
+
+# The first retry of a refused insert comes after 0.05–0.1 s (the policy's jitter): a blip costs no more.
+FIRST_RETRY_S = 0.1
 
 # After a full batch, input quiet this long means the backlog is consumed: write the partial rest
 # now instead of after `flush_s` (see `_run`).
@@ -284,19 +290,19 @@ class AnalyticsSink:
                 self._cond.notify_all()
 
     def _write(self, table: str, rows: Any, n: int) -> None:
-        """Insert `rows` until the store acknowledges them (or close() abandons them)."""
-        pause = 0.1
-        while True:
-            try:
-                self._insert(table, rows)
-                self._store_answered()
-                return
-            except Exception as exc:  # noqa: BLE001 - the writer must outlive any insert failure
-                self._store_refused(table, exc, n, pause)
-            with self._cond:
-                if self._cond.wait_for(lambda: self._abandon, timeout=pause):
-                    raise _Abandoned()
-            pause = min(self.retry_max_s, pause * 2)
+        """Insert `rows` until the store acknowledges them (or close() abandons them: _Abandoned)."""
+        def refused(state: RetryCallState) -> None:  # before each wait: counted, reported, rate-limited in the log
+            self._store_refused(table, state.outcome.exception() if state.outcome else None, n, state.upcoming_sleep)
+
+        retrying.retrying(first_s=FIRST_RETRY_S, max_s=self.retry_max_s, sleep=self._pause,
+                          before_sleep=refused)(self._insert, table, rows)
+        self._store_answered()
+
+    def _pause(self, seconds: float) -> None:
+        """The wait between retries, cut short by close() giving up."""
+        with self._cond:
+            if self._cond.wait_for(lambda: self._abandon, timeout=seconds):
+                raise _Abandoned()
 
     def _insert(self, table: str, rows: Any) -> None:
         spec = BY_NAME[table]
@@ -307,7 +313,7 @@ class AnalyticsSink:
             self._c[f"{table}_written"] += len(data[0])
             self._c["batches"] += 1
 
-    def _store_refused(self, table: str, exc: Exception, rows: int, pause: float) -> None:
+    def _store_refused(self, table: str, exc: BaseException | None, rows: int, pause: float) -> None:
         reason = f"{table}: {type(exc).__name__}: {str(exc)[:500]}"
         with self._cond:
             c = self._c

@@ -1,12 +1,14 @@
 """What starting either Faust app (`kvpipe processor`, `kvpipe analytics`) shares: the command's flags
 become `KVPIPE_*` variables (each app reads its settings once, at import, from the environment),
 the settings load, and the exposure rule (kvpipe.processors.core.webauth) and `require_native`
-(kvpipe.processors.core.native) are checked before any worker starts."""
+(kvpipe.processors.core.native) are checked before any worker starts; then the worker runs, logging in the
+log format of the settings."""
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from kvpipe.schemas.settings import Settings, SettingsError, load_settings
 
@@ -36,3 +38,26 @@ def worker_settings(prog: str, flags: Mapping[str, object], insecure: bool) -> S
         print(exc, file=sys.stderr)
         return None
     return settings
+
+
+def app_logging(log_level: str) -> None:
+    """Logging until the worker sets up its own (importing the app logs, e.g. which engine runs): with
+    `--log-format json`, JSON lines already, on the worker's stream (stdout), so a log pipeline reads every line;
+    with text, as before, Python's last-resort handler."""
+    from kvpipe.schemas.cliopts import configure_logging, log_format
+
+    if log_format() == "json":
+        configure_logging(log_level, sys.stdout)
+
+
+def run_worker(app: Any, log_level: str) -> None:
+    """Faust's Worker for `app` until it stops. It installs SIGTERM/SIGINT handlers that stop the app cleanly
+    (final snapshot included), and sets up logging at `log_level`: Faust's own text lines, or the JSON lines of
+    `--log-format json` (kvpipe.schemas.logsetup.faust_logging_config)."""
+    from faust.worker import Worker
+
+    from kvpipe.schemas.cliopts import log_format
+    from kvpipe.schemas.logsetup import faust_logging_config
+
+    Worker(app, loglevel=log_level, quiet=True,
+           logging_config=faust_logging_config(log_level, log_format())).execute_from_commandline()

@@ -20,6 +20,7 @@ mapped keyword is one that no client here sets itself, so none is given twice.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -79,21 +80,27 @@ class ClientCredentialsTokens:
     async def token(self) -> str:
         if self._token and time.monotonic() < self._expires:
             return self._token
-        import aiohttp
+        import httpx  # only OAUTHBEARER needs it (and its ~0.1 s import)
+
+        from kvpipe.processors.core.httpclient import tls_context, transport_errors
 
         form = {"grant_type": "client_credentials", "client_id": self.client_id, "client_secret": self._secret}
         if self.scope:
             form["scope"] = self.scope
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as session:
-            async with session.post(self.url, data=form) as resp:
-                try:
-                    body = await resp.json(content_type=None)
-                except ValueError:
-                    body = {}
-                if resp.status != 200 or not isinstance(body, dict) or "access_token" not in body:
-                    reason = body.get("error", "no access_token in the answer") if isinstance(body, dict) else "not JSON"
-                    raise RuntimeError(f"OAUTHBEARER: token endpoint {self.url} answered {resp.status} "
-                                       f"for client_id {self.client_id}: {reason}")
+        # A client per fetch: one fetch an expiry (minutes to hours apart), so no connection is worth keeping.
+        # `timeout_s` bounds the fetch in all, as aiohttp's total timeout did.
+        with transport_errors(self.url):
+            async with httpx.AsyncClient(timeout=self.timeout_s, verify=tls_context()) as client:
+                async with asyncio.timeout(self.timeout_s):
+                    resp = await client.post(self.url, data=form)
+        try:
+            body = resp.json()
+        except ValueError:
+            body = {}
+        if resp.status_code != 200 or not isinstance(body, dict) or "access_token" not in body:
+            reason = body.get("error", "no access_token in the answer") if isinstance(body, dict) else "not JSON"
+            raise RuntimeError(f"OAUTHBEARER: token endpoint {self.url} answered {resp.status_code} "
+                               f"for client_id {self.client_id}: {reason}")
         self._token = str(body["access_token"])
         self._expires = time.monotonic() + max(0.0, float(body.get("expires_in", 300)) - TOKEN_EARLY_S)
         return self._token

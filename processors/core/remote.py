@@ -8,14 +8,21 @@ values as from an `AnalyticsSink` in process.
 
 Both send the bearer token of the settings (KVPIPE_API_TOKEN / api_token_file) when one is
 configured: a token-protected server answers 401 otherwise (kvpipe.processors.core.webauth).
+
+Every call goes through one `httpx.Client` per process (kvpipe.processors.core.httpclient), made on first use: a
+command that asks the same app again (`kvpipe nodes` paging, the demo's polling) reuses the kept-alive
+connection. httpx's Client is thread-safe (its pool locks), so benchmark threads share it too.
 """
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
+import threading
 from datetime import datetime
 from typing import Any
+
+import httpx
+
+from kvpipe.processors.core.httpclient import tls_context, transport_errors
 
 
 class SqlError(RuntimeError):
@@ -34,6 +41,19 @@ def auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+_client: httpx.Client | None = None
+_client_lock = threading.Lock()
+
+
+def _shared_client() -> httpx.Client:
+    global _client
+    with _client_lock:
+        if _client is None:
+            # urllib followed redirects; the timeout is given per call (per connect, read, write: urllib's too)
+            _client = httpx.Client(verify=tls_context(), follow_redirects=True)
+        return _client
+
+
 def request_json(method: str, url: str, body: Any = None, timeout: float = 60.0,
                  headers: dict[str, str] | None = None) -> tuple[int, Any]:
     """The one HTTP JSON client of kvpipe's own runtime code (CLI, demo, test processes): send `body`
@@ -42,24 +62,23 @@ def request_json(method: str, url: str, body: Any = None, timeout: float = 60.0,
     OSError when nothing answers at `url`. `headers` default: `auth_headers()` (the bearer token)."""
     headers = auth_headers() if headers is None else headers
     data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={**({"Content-Type": "application/json"} if data is not None else {}),
-                                          **headers})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, _body(resp.read(), resp.headers.get_content_type())
-    except urllib.error.HTTPError as exc:
-        raw = exc.read()
+    with transport_errors(url):
+        resp = _shared_client().request(method, url, content=data, timeout=timeout,
+                                        headers={**({"Content-Type": "application/json"} if data is not None else {}),
+                                                 **headers})
+    raw = resp.content
+    if resp.status_code >= 400:  # an error's body is read as JSON whatever its type says, as before
         try:
-            return exc.code, json.loads(raw or b"{}")
+            return resp.status_code, json.loads(raw or b"{}")
         except ValueError:
-            return exc.code, {"error": f"HTTP {exc.code}", "detail": raw[:200].decode(errors="replace")}
+            return resp.status_code, {"error": f"HTTP {resp.status_code}", "detail": raw[:200].decode(errors="replace")}
+    return resp.status_code, _body(raw, resp.headers.get("content-type", ""))
 
 
 def _body(raw: bytes, content_type: str) -> Any:
     if not raw:
         return None
-    if content_type == "application/json":
+    if content_type.split(";", 1)[0].strip().lower() == "application/json":
         return json.loads(raw)
     return raw.decode(errors="replace")
 

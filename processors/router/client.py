@@ -1,22 +1,25 @@
 """A Python client for the router endpoints, for routers to import: sync (`RouterClient`, one
-keep-alive `http.client` connection) and async (`AsyncRouterClient`, one reused aiohttp session).
+`httpx.Client` keeping its connection alive) and async (`AsyncRouterClient`, one reused `httpx.AsyncClient`).
 
 Requests and answers are the Structs of `kvpipe.processors.router.model` — the same classes the server
 decodes and encodes — so a caller gets typed answers (`answer.chosen`, `answer.nodes[0].gpu_tokens`).
-A non-2xx answer raises `RouteError` with the server's status, error and detail. With a token,
+A non-2xx answer raises `RouteError` with the server's status, error and detail; no answer at all (refused,
+reset, timed out) an OSError naming the URL (kvpipe.processors.core.httpclient). With a token,
 every call sends `Authorization: Bearer <token>`; the token never appears in a repr or an error.
 
 Neither client is safe to share across threads (sync) or event loops (async): give each its own.
 """
 from __future__ import annotations
 
-import http.client
+import asyncio
 import urllib.parse
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+import httpx
 import msgspec
 
+from kvpipe.processors.core.httpclient import tls_context, transport_errors
 from kvpipe.processors.router.model import ErrorBody, FinishedReport, RouteAnswer, RouteError, RouteRequest, SentReport
 
 T = TypeVar("T")
@@ -25,6 +28,21 @@ _answer_decoder = msgspec.json.Decoder(RouteAnswer)
 _error_decoder = msgspec.json.Decoder(ErrorBody)
 
 ROUTE, SENT, FINISHED, OPENAPI, HEALTH = "/route", "/route/sent", "/route/finished", "/openapi.json", "/health"
+
+# The server closed the kept-alive connection just as the request went out on it (httpx drops connections it
+# sees closed before reusing them; this is the race left): the request is sent once more, on a new connection.
+# Safe: a route request changes nothing on the server unless it carries a request_id, and then the latest report
+# wins; "sent" and "finished" are idempotent.
+_STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def _base_url(base_url: str) -> tuple[str, str]:
+    """The base URL calls are made under, and how a repr shows it (no user info: it could carry a password)."""
+    url = urllib.parse.urlsplit(base_url)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ValueError(f"router URL {base_url!r}: expected http(s)://host[:port][/prefix]")
+    shown = f"{url.scheme}://{url.hostname}{f':{url.port}' if url.port else ''}{url.path.rstrip('/')}"
+    return base_url.rstrip("/"), shown
 
 
 def _headers(token: str | None) -> dict[str, str]:
@@ -43,23 +61,26 @@ def _error(status: int, body: bytes) -> RouteError:
         return RouteError(status, f"HTTP {status}", text or None)
 
 
+def _content(resp: httpx.Response) -> bytes:
+    if not 200 <= resp.status_code < 300:
+        raise _error(resp.status_code, resp.content)
+    return resp.content
+
+
 class RouterClient:
-    """Blocking client over one persistent HTTP/1.1 connection (reopened once if the server
-    closed it between calls)."""
+    """Blocking client over one `httpx.Client` (made on first call, closed by `close`): its pool keeps the
+    connection alive between calls, so sequential calls share one connection."""
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 5.0) -> None:
-        url = urllib.parse.urlsplit(base_url)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"router URL {base_url!r}: expected http(s)://host[:port][/prefix]")
-        self._https = url.scheme == "https"
-        self._host, self._port = url.hostname, url.port
-        self._prefix = url.path.rstrip("/")
+        self._base, self._shown = _base_url(base_url)
         self._headers = _headers(token)
         self._timeout = timeout_s
-        self._conn: http.client.HTTPConnection | None = None
+        self._client: httpx.Client | None = None
+        # parsed once: httpx would parse the same URL strings on every call
+        self._urls = {path: httpx.URL(self._base + path) for path in (ROUTE, SENT, FINISHED, OPENAPI, HEALTH)}
 
     def __repr__(self) -> str:  # no token
-        return f"RouterClient({'https' if self._https else 'http'}://{self._host}:{self._port}{self._prefix})"
+        return f"RouterClient({self._shown})"
 
     def route(self, request: RouteRequest) -> RouteAnswer:
         return _answer_decoder.decode(self._call("POST", ROUTE, _encoder.encode(request)))
@@ -78,9 +99,9 @@ class RouterClient:
         return msgspec.json.decode(self._call("GET", HEALTH, None))
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
     def __enter__(self) -> "RouterClient":
         return self
@@ -88,48 +109,35 @@ class RouterClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _connect(self) -> http.client.HTTPConnection:
-        if self._conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._conn = cls(self._host, self._port, timeout=self._timeout)
-        return self._conn
+    def _connect(self) -> httpx.Client:
+        if self._client is None:
+            # the timeout per connect, read and write, as http.client's socket timeout was
+            self._client = httpx.Client(headers=self._headers, timeout=self._timeout, verify=tls_context())
+        return self._client
 
     def _call(self, method: str, path: str, body: bytes | None) -> bytes:
-        for attempt in (0, 1):
-            conn = self._connect()
+        url = self._urls.get(path) or httpx.URL(self._base + path)
+        client = self._connect()
+        with transport_errors(url):
             try:
-                conn.request(method, self._prefix + path, body=body, headers=self._headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                break
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                # the server closed the idle keep-alive connection: reopen once (a route request
-                # changes nothing on the server unless it carries a request_id, and then the
-                # latest report wins, so resending is safe)
-                self.close()
-                if attempt:
-                    raise
-        if resp.will_close:
-            self.close()
-        if not 200 <= resp.status < 300:
-            raise _error(resp.status, data)
-        return data
+                resp = client.request(method, url, content=body)
+            except _STALE_CONNECTION:
+                resp = client.request(method, url, content=body)  # once more, on a new connection (see above)
+        return _content(resp)
 
 
 class AsyncRouterClient:
-    """asyncio client over one `aiohttp.ClientSession` (created on first use, closed by `close`)."""
+    """asyncio client over one `httpx.AsyncClient` (created on first use, closed by `close`). `timeout_s` bounds
+    each call in all, as aiohttp's total timeout did."""
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 5.0) -> None:
-        url = urllib.parse.urlsplit(base_url)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"router URL {base_url!r}: expected http(s)://host[:port][/prefix]")
-        self._base = base_url.rstrip("/")
+        self._base, self._shown = _base_url(base_url)
         self._headers = _headers(token)
         self._timeout = timeout_s
-        self._session: Any = None
+        self._session: httpx.AsyncClient | None = None
 
     def __repr__(self) -> str:
-        return f"AsyncRouterClient({self._base})"
+        return f"AsyncRouterClient({self._shown})"
 
     async def route(self, request: RouteRequest) -> RouteAnswer:
         return _answer_decoder.decode(await self._call("POST", ROUTE, _encoder.encode(request)))
@@ -149,7 +157,7 @@ class AsyncRouterClient:
 
     async def close(self) -> None:
         if self._session is not None:
-            await self._session.close()
+            await self._session.aclose()
             self._session = None
 
     async def __aenter__(self) -> "AsyncRouterClient":
@@ -159,13 +167,10 @@ class AsyncRouterClient:
         await self.close()
 
     async def _call(self, method: str, path: str, body: bytes | None) -> bytes:
-        import aiohttp  # the sync client must not need it
-
         if self._session is None:
-            self._session = aiohttp.ClientSession(headers=self._headers,
-                                                  timeout=aiohttp.ClientTimeout(total=self._timeout))
-        async with self._session.request(method, self._base + path, data=body) as resp:
-            data = await resp.read()
-            if not 200 <= resp.status < 300:
-                raise _error(resp.status, data)
-            return data
+            self._session = httpx.AsyncClient(headers=self._headers, timeout=self._timeout, verify=tls_context())
+        url = self._base + path
+        with transport_errors(url):
+            async with asyncio.timeout(self._timeout):
+                resp = await self._session.request(method, url, content=body)
+        return _content(resp)

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from kvpipe.processors.core.appcli import worker_settings
+from kvpipe.processors.core.appcli import app_logging, run_worker, worker_settings
 from kvpipe.schemas.cliopts import (Command, apply_bootstrap, bootstrap_server_option, configure_logging,
                                     datadir_option, log_level_option, output_option, web_bind_option)
 from kvpipe.schemas.settings import SettingsError, load_settings
@@ -41,7 +41,7 @@ def processor(web_port: int | None, web_host: str | None, insecure: bool, state_
               processor_id: str | None, route_port: int | None, route_threads: int | None,
               bootstrap_server: str | None, log_level: str) -> int:
     apply_bootstrap(bootstrap_server)
-    # log_level is resolved (flag, KVPIPE_LOG_LEVEL, default): Faust's Worker configures logging at it
+    # log_level is resolved (flag, KVPIPE_LOG_LEVEL, default): Faust's Worker configures logging at it (run_worker)
     flags = {"KVPIPE_WEB_PORT": web_port, "KVPIPE_WEB_HOST": web_host, "KVPIPE_STATE_DIR": state_dir,
              "KVPIPE_EVENTS_TOPIC": topic, "KVPIPE_PROCESSOR_ID": processor_id, "KVPIPE_ROUTE_PORT": route_port,
              "KVPIPE_ROUTE_THREADS": route_threads}
@@ -55,14 +55,12 @@ def processor(web_port: int | None, web_host: str | None, insecure: bool, state_
         print(f"kvpipe processor: {', '.join(bad)}: the router's in-flight TTL, caps and staleness bound must be > 0",
               file=sys.stderr)
         return 2
-    from faust.worker import Worker
-
+    app_logging(log_level)
     from kvpipe.processors.routing import agents, routeserve, views  # noqa: F401  (registers the agent, timers and pages)
     from kvpipe.processors.routing.app import app
 
     os.makedirs(settings.state_path("processor"), exist_ok=True)
-    # Worker installs SIGTERM/SIGINT handlers that stop the app cleanly (final snapshot included).
-    Worker(app, loglevel=log_level, quiet=True).execute_from_commandline()
+    run_worker(app, log_level)
     return 0
 
 

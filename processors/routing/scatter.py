@@ -28,16 +28,21 @@ every node would have given it.
 
 "Sent" and "finished" reports go to every peer (`?local=1`): only the worker holding the node
 (sent) or the request (finished) acts, and no worker needs to know which one that is.
+
+Transport: one `httpx.AsyncClient` per worker (`PeerClient`), its pool keeping connections to the peers alive
+between requests; the views own it and close it at shutdown.
 """
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Awaitable, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Awaitable, Callable, Iterable, Mapping, NamedTuple, Sequence
 
+import httpx
 import msgspec
 
 from kvpipe.processors.core.httpbody import ApiError
+from kvpipe.processors.core.httpclient import tls_context
 from kvpipe.processors.routing.answers import LocalNodesPage, NodeRow
 
 PEER_TIMEOUT_S = 1.0
@@ -114,27 +119,44 @@ async def nodes(local: LocalNodesPage, peer_urls: Iterable[str], ask: PeerFn,
     return merge_nodes([local, *theirs], expected)
 
 
-def http_asker(session_factory: Callable[[], Any], path: str, method: str, timeout_s: float = PEER_TIMEOUT_S,
+class PeerClient:
+    """The worker's one HTTP client to its peers, `client()` to use it. The `httpx.AsyncClient` is made on first use
+    because it belongs to the event loop it first runs on, and the worker's loop exists only once Faust runs;
+    `aclose` ends it (the worker's shutdown), and a later use would make a new one."""
+
+    def __init__(self) -> None:
+        self._client: httpx.AsyncClient | None = None
+
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            # timeouts per call (`http_asker`); the pool's defaults (100 connections, 20 kept alive 5 s) are
+            # aiohttp's connection limit and cover a /route fan-out per peer and request in flight
+            self._client = httpx.AsyncClient(verify=tls_context())
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+
+def http_asker(client: Callable[[], httpx.AsyncClient], path: str, method: str, timeout_s: float = PEER_TIMEOUT_S,
                headers: Mapping[str, str] | None = None) -> PeerFn:
-    """A `PeerFn` over aiohttp: `<url><path>?local=1` (`&local=1` when `path` carries a query), `timeout_s` in
+    """A `PeerFn` over httpx: `<url><path>?local=1` (`&local=1` when `path` carries a query), `timeout_s` in
     all; a POST sends the body as is, a GET none. `headers`: extra request headers, the bearer token of the group
     (every worker runs with the same one). Answers the 2xx body's bytes."""
-    import aiohttp
-
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
     request_headers = {"Content-Type": "application/json", **(headers or {})}
 
     async def ask(url: str, body: bytes) -> bytes:
         target = f"{url.rstrip('/')}{path}{'&' if '?' in path else '?'}{LOCAL_PARAM}=1"
         data = body if method == "POST" else None
-        async with session_factory().request(method, target, data=data, timeout=timeout,
-                                             headers=request_headers) as resp:
-            if resp.status in (400, 413):  # the request's fault, not the peer's: see the module doc
-                error = json.loads(await resp.read())
-                raise ApiError(resp.status, error.get("error", "bad request"), error.get("detail"))
-            if not 200 <= resp.status < 300:  # a 401 here: the peer runs with another token
-                raise RuntimeError(f"{target} answered {resp.status}")
-            answer: bytes = await resp.read()
-            return answer
+        async with asyncio.timeout(timeout_s):  # in all, as each of httpx's own timeouts is per phase
+            resp = await client().request(method, target, content=data, headers=request_headers, timeout=timeout_s)
+        if resp.status_code in (400, 413):  # the request's fault, not the peer's: see the module doc
+            error = json.loads(resp.content)
+            raise ApiError(resp.status_code, error.get("error", "bad request"), error.get("detail"))
+        if not 200 <= resp.status_code < 300:  # a 401 here: the peer runs with another token
+            raise RuntimeError(f"{target} answered {resp.status_code}")
+        return resp.content
 
     return ask

@@ -18,6 +18,7 @@ from kvpipe.processors.router import serving
 from kvpipe.processors.routing import routeserve, scatter
 from kvpipe.processors.core import webauth
 from kvpipe.processors.core.httpbody import ApiError
+from kvpipe.processors.core.signals import connect
 from kvpipe.processors.routing import apidoc
 from kvpipe.processors.routing.answers import ClusterStats, LocalNodesPage, NodesPage, RoutingHealth, RoutingStats
 from kvpipe.processors.routing.api import node_rows, page_rows, parse_nodes_query
@@ -85,9 +86,15 @@ def _local_nodes(query: Mapping[str, str]) -> LocalNodesPage:
 
 
 _peer_headers = webauth.client_headers(settings)  # workers of one group share the token
-_ask_route = scatter.http_asker(lambda: app.http_client, "/route", "POST", headers=_peer_headers)
-_ask_sent = scatter.http_asker(lambda: app.http_client, "/route/sent", "POST", headers=_peer_headers)
-_ask_finished = scatter.http_asker(lambda: app.http_client, "/route/finished", "POST", headers=_peer_headers)
+_peers = scatter.PeerClient()  # this worker's one client to the others, closed at shutdown (below)
+_ask_route = scatter.http_asker(_peers.client, "/route", "POST", headers=_peer_headers)
+_ask_sent = scatter.http_asker(_peers.client, "/route/sent", "POST", headers=_peer_headers)
+_ask_finished = scatter.http_asker(_peers.client, "/route/finished", "POST", headers=_peer_headers)
+
+
+@connect(app.on_before_shutdown)
+async def close_peer_client(app: Any, *args: Any, **kwargs: Any) -> None:  # noqa: ARG001 - Faust's signal signature
+    await _peers.aclose()
 
 
 def _ask_nodes(limit: int, after: str | None, state: str | None) -> scatter.PeerFn:
@@ -97,7 +104,7 @@ def _ask_nodes(limit: int, after: str | None, state: str | None) -> scatter.Peer
         query["after"] = after
     if state is not None:
         query["state"] = state
-    return scatter.http_asker(lambda: app.http_client, f"/nodes?{urlencode(query)}", "GET", headers=_peer_headers)
+    return scatter.http_asker(_peers.client, f"/nodes?{urlencode(query)}", "GET", headers=_peer_headers)
 
 
 _sent_decoder = msgspec.json.Decoder(SentReport)

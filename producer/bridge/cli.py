@@ -22,6 +22,7 @@ import click
 from kvpipe.producer.bridge.replay import DEFAULT_TIMEOUT_S
 from kvpipe.producer.bridge.runner import Bridge, BridgeConfig
 from kvpipe.schemas.layout import layout_problem
+from kvpipe.schemas.logsetup import librdkafka_logging
 from kvpipe.schemas.cliopts import (Command, apply_bootstrap, bootstrap_server_option, configure_logging, deprecated,
                              log_level_option, run)
 from kvpipe.producer.bridge.specs import SpecsError, apply_options, load_specs_file, parse_group_spec
@@ -140,7 +141,8 @@ def _forwarding_bridge(config: BridgeConfig, args: SimpleNamespace, declared: li
 
     return Bridge(config, publisher_factory=publisher_factory,
                   dead_letters=KafkaDeadLetters(settings.bootstrap(), settings.dlq_topic,
-                                                settings.kafka_confluent_security()),
+                                                {**settings.kafka_confluent_security(),
+                                                 **librdkafka_logging(settings.log_format)}),
                   declared_specs=declared, hash_config=hash_config)
 
 

@@ -9,17 +9,22 @@ when the new one is absent). Each is one sample per engine, labelled `engine="<i
 `model_name`): a bridge rank reads the samples of its own data-parallel rank when the engine
 label is there, else all samples (summed queues, the fullest cache).
 
-A failed scrape (engine restarting, a timeout) keeps the last load on the envelopes and is
+A failed scrape (engine restarting, a timeout, an error status) keeps the last load on the envelopes and is
 counted; the envelopes themselves never wait for a scrape.
+
+The scrape is an `httpx.Client` kvpipe-wide (kvpipe.processors.core.httpclient, which producer/ may not import):
+one per scraper, keeping its connection to the engine alive between scrapes, trusting the system's CA store as
+urllib did.
 """
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
-import urllib.request
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger("kvpipe.bridge")
@@ -59,11 +64,23 @@ def parse_load(text: str, engine: int | None = None) -> EngineLoad | None:
                       kv_usage=min(1.0, max(0.0, max(usage))) if usage else 0.0)
 
 
-def fetch(url: str, timeout_s: float) -> str:
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # an operator-given http(s) URL
-        data = resp.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise ValueError(f"{url}: metrics page over {MAX_BYTES} bytes")
+def scrape_client() -> httpx.Client:
+    return httpx.Client(verify=ssl.create_default_context(), follow_redirects=True)
+
+
+def fetch(url: str, timeout_s: float, client: httpx.Client | None = None) -> str:
+    """The page at `url` (an operator-given http(s) URL); httpx.HTTPError for no answer or an error status,
+    ValueError past MAX_BYTES. `client`: a kept-alive one (the scraper's), else one for this call."""
+    if client is None:
+        with scrape_client() as own:
+            return fetch(url, timeout_s, own)
+    data = bytearray()
+    with client.stream("GET", url, timeout=timeout_s) as resp:
+        resp.raise_for_status()
+        for chunk in resp.iter_bytes():
+            data += chunk
+            if len(data) > MAX_BYTES:  # read no further
+                raise ValueError(f"{url}: metrics page over {MAX_BYTES} bytes")
     return data.decode("utf-8", "replace")
 
 
@@ -79,13 +96,16 @@ class LoadScraper:
             raise ValueError(f"scrape period {every_s}: must be > 0")
         self.url, self.targets, self.every_s, self.timeout_s = url, list(targets), every_s, timeout_s
         self.counters = {"scrapes": 0, "failures": 0, "no_load_metrics": 0}
+        self._client: httpx.Client | None = None  # made by the first scrape, in the thread that scrapes
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bridge-load-scraper", daemon=True)
 
     def scrape_once(self) -> bool:
+        if self._client is None:
+            self._client = scrape_client()
         try:
-            text = fetch(self.url, self.timeout_s)
-        except (OSError, ValueError) as exc:
+            text = fetch(self.url, self.timeout_s, self._client)
+        except (httpx.HTTPError, OSError, ValueError) as exc:
             self.counters["failures"] += 1
             if self.counters["failures"] in (1, 10) or self.counters["failures"] % 100 == 0:
                 log.warning("engine metrics %s: %s (failure %d; envelopes keep the last load)", self.url, exc,
@@ -112,6 +132,9 @@ class LoadScraper:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(self.timeout_s + 1.0)
+        if self._client is not None and not self._thread.is_alive():  # a scrape still running keeps it
+            self._client.close()
+            self._client = None
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -23,7 +23,7 @@ from kvpipe.schemas.groupspec import GroupSpecError, format_groups, parse_groups
 
 REPO = Path(__file__).resolve().parents[2]
 KAFKA = "--bootstrap-server"
-LOG = ["-l", "--log-level", "--loglevel"]
+LOG = ["-l", "--log-level", "--loglevel", "--log-format"]  # --log-format beside every --log-level
 OUTPUT = ["-o", "--output", "--json"]  # every command that prints data; --json is the older spelling
 FAUST_APP = ["--web-bind", "--web-host", "--datadir", "--state-dir", "--web-port"]
 
@@ -62,7 +62,7 @@ def test_help_lists_the_shared_flags(argv, capsys):
 def test_bench_help_lists_the_flags_every_benchmark_takes(capsys):
     assert main(["bench", "--help"]) == 0
     text = capsys.readouterr().out
-    for flag in ("--json", "--output", KAFKA, "--log-level", "--loglevel"):
+    for flag in ("--json", "--output", KAFKA, "--log-level", "--loglevel", "--log-format"):
         assert flag in text
 
 

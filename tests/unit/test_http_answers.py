@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import msgspec
 import pytest
 from openapi_spec_validator import validate
@@ -201,37 +202,25 @@ def test_a_group_page_goes_on_while_a_worker_holds_more_nodes_than_it_gave():
     assert pages == [["a", "m0", "m1"], ["m2", "m3", "m4"], ["m5", "m6"]]
 
 
-class _Answer:
-    status = 200
+def _peer(asked: list[tuple[str, str, bytes | None]]) -> httpx.AsyncClient:
+    """A peer answering every request with an empty `/nodes` page of partition 1 (httpx's mock transport)."""
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append((request.method, str(request.url), request.content or None))
+        return httpx.Response(200, content=b'{"nodes": [], "next_after": null, "partitions": [1]}')
 
-    async def __aenter__(self) -> "_Answer":
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        return None
-
-    async def read(self) -> bytes:
-        return b'{"nodes": [], "next_after": null, "partitions": [1]}'
-
-
-class _Session:
-    def __init__(self) -> None:
-        self.asked: list[tuple[str, str, bytes | None]] = []
-
-    def request(self, method: str, target: str, **kwargs) -> _Answer:
-        self.asked.append((method, target, kwargs["data"]))
-        return _Answer()
+    return httpx.AsyncClient(transport=httpx.MockTransport(answer))
 
 
 def test_a_peer_is_asked_for_the_page_the_client_asked_for():
-    session = _Session()
+    asked: list[tuple[str, str, bytes | None]] = []
+    session = _peer(asked)
     ask = http_asker(lambda: session, "/nodes?limit=2&after=m1&state=healthy", "GET")
     answer = asyncio.run(scatter_nodes(_paged(_index_with([], {}), [0], 2, "m1"), ["http://w2:6066/"], ask, range(2)))
-    assert session.asked == [("GET", "http://w2:6066/nodes?limit=2&after=m1&state=healthy&local=1", None)]
+    assert asked == [("GET", "http://w2:6066/nodes?limit=2&after=m1&state=healthy&local=1", None)]
     assert answer.missing == [] and answer.rows == []  # partition 1 came from the peer's (empty) page
     post = http_asker(lambda: session, "/route", "POST")
     asyncio.run(post("http://w2:6066", b"{}"))
-    assert session.asked[-1] == ("POST", "http://w2:6066/route?local=1", b"{}")
+    assert asked[-1] == ("POST", "http://w2:6066/route?local=1", b"{}")
 
 
 def test_sql_cells_keep_the_text_they_had_before_the_answer_was_typed():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import msgspec
 import pytest
@@ -156,3 +157,54 @@ def test_async_client_raises_the_servers_error():
 def test_a_bad_url_is_refused_with_the_expected_form():
     with pytest.raises(ValueError, match="expected http"):
         RouterClient("localhost:8080")
+
+
+def test_no_answer_is_an_oserror_naming_the_url_and_never_the_token():
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with RouterClient(url, token=TOKEN, timeout_s=2.0) as client:
+        with pytest.raises(OSError, match=url) as err:
+            client.route(RouteRequest(token_ids=[1]))
+    assert TOKEN not in str(err.value)
+
+    async def main() -> None:
+        async with AsyncRouterClient(url, token=TOKEN, timeout_s=2.0) as client:
+            await client.health()
+
+    with pytest.raises(OSError, match=url):
+        asyncio.run(main())
+
+
+class _ClosesAfterEachAnswer(BaseHTTPRequestHandler):
+    """Answers as HTTP/1.1 with keep-alive implied, then closes the connection: a server dropping idle clients."""
+    protocol_version = "HTTP/1.1"
+    ports: list[int] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.ports.append(self.client_address[1])
+        req = decode_request(self.rfile.read(int(self.headers["Content-Length"])))
+        body = msgspec.json.encode(msgspec.structs.replace(ANSWER_EXAMPLE, num_tokens=len(req.token_ids or ())))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_connection_the_server_closed_between_calls_is_reopened():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _ClosesAfterEachAnswer)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        with RouterClient(f"http://127.0.0.1:{httpd.server_port}") as client:
+            assert [client.route(RouteRequest(token_ids=list(range(n)))).num_tokens for n in (1, 2, 3)] == [1, 2, 3]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert len(set(_ClosesAfterEachAnswer.ports)) == 3  # each call after a close on a new connection
