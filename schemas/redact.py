@@ -37,8 +37,13 @@ def masked(name: str, value: object) -> object:
     return value
 
 
-def _secret_key(key: str) -> bool:
-    return any(word in key.lower() for word in SECRET_WORDS)
+# A URL's query parameters also carry ClickHouse's and object stores' spellings (`pwd`, `access_key`, `auth…`);
+# in a DSN a false positive only hides a value, so the list is wider than for settings and Kafka properties.
+DSN_SECRET_WORDS = SECRET_WORDS + ("passwd", "pwd", "key", "auth")
+
+
+def _secret_key(key: str, words: tuple[str, ...] = SECRET_WORDS) -> bool:
+    return any(word in key.lower() for word in words)
 
 
 def masked_properties(props: Mapping[str, Any]) -> dict[str, Any]:
@@ -53,13 +58,13 @@ def masked_dsn(dsn: str) -> str:
     except ValueError:
         return MASK
     pairs = parse_qsl(parts.query, keep_blank_values=True)
-    if not password and not any(_secret_key(k) for k, _ in pairs):
+    if not password and not any(_secret_key(k, DSN_SECRET_WORDS) for k, _ in pairs):
         return dsn  # as given: urlunsplit would drop the empty netloc of chdb:///path
     netloc = parts.netloc
     if password:
         userinfo, _, host = netloc.rpartition("@")
         netloc = f"{userinfo.split(':', 1)[0]}:{MASK}@{host}"
-    query = urlencode([(k, MASK if _secret_key(k) else v) for k, v in pairs], safe="*")
+    query = urlencode([(k, MASK if _secret_key(k, DSN_SECRET_WORDS) else v) for k, v in pairs], safe="*")
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 

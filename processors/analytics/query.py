@@ -47,12 +47,13 @@ import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import msgspec
 
 from kvpipe.processors.analytics.sqlguard import DEFAULT_DATABASE, CheckedSql, SqlRefused, SqlSyntaxError, checked_sql
 from kvpipe.processors.analytics.reads import ResultTooLarge, read_capped
+from kvpipe.schemas.redact import masked_dsn as redact_dsn  # the one DSN masking, re-exported for callers
 
 # run(statement, parameters, engine_settings) -> {"columns", "types", "rows"}; blocking.
 Runner = Callable[[str, "dict | None", dict], dict]
@@ -80,9 +81,6 @@ _LIMIT_CODES = {
 }
 _SYNTAX_CODES = {62, 47, 46, 43, 36, 6, 27, 53}  # syntax, unknown identifier/function, bad arguments, parse, type
 _CODE = re.compile(r"Code:\s*(\d+)\.\s*(?:DB::Exception:\s*)?")
-_SECRET_KEYS = ("password", "passwd", "pwd", "token", "secret", "key", "access_key", "auth")
-
-
 class QueryError(Exception):
     """An analyst-facing failure: `status` (4xx), `error` (short), `detail` (what to change)."""
 
@@ -362,27 +360,6 @@ def dsn_database(dsn: str) -> str:
         return DEFAULT_DATABASE
     path = urlsplit(dsn).path.strip("/")
     return path or DEFAULT_DATABASE
-
-
-def redact_dsn(dsn: str) -> str:
-    """`dsn` with its password and any secret-looking query parameter replaced by ***."""
-    try:
-        parts = urlsplit(dsn)
-    except ValueError:
-        return "***"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{host}" if ":" in userinfo else f"{user}@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, "***" if any(s in k.lower() for s in _SECRET_KEYS) else v) for k, v in pairs],
-                          safe="*")
-    if (netloc, query) == (parts.netloc, parts.query):
-        return dsn  # nothing secret; urlunsplit would also drop the empty netloc of chdb:///path
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def redact_text(text: str, dsn: str = "") -> str:
