@@ -31,8 +31,7 @@ check: venv
 	@bin=$(VENV)/bin; \
 	$$bin/ruff check schemas gpu producer processors infra kvpipe tests && \
 	$$bin/lint-imports && \
-	$$bin/mypy && \
-	$$bin/python -m pytest -q -p no:cacheprovider tests/unit tests/property $(PYTEST_ARGS)
+	$$bin/python -m pytest -q -p no:cacheprovider -n auto tests/unit tests/property $(PYTEST_ARGS)
 
 demo: venv
 	@$(PY) -m kvpipe demo
