@@ -8,11 +8,13 @@ shrinking is impossible. The user decides (delete the topic, or use the existing
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from tenacity import retry_if_exception_type, stop_after_delay
+
 from kvpipe.infra.errors import InfraError
+from kvpipe.schemas import retrying
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,10 @@ def _align_configs(admin, specs: list[TopicSpec], timeout: float) -> tuple[list[
     return altered, problems
 
 
+class _Settling(Exception):
+    """Some topics were refused by a cluster still coming up: worth another round."""
+
+
 def _settling(err) -> bool:
     """True for the errors a cluster that is still coming up answers: worth another try."""
     from confluent_kafka import KafkaError
@@ -130,12 +136,14 @@ def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 3
         raise InfraError(f"Kafka at {bootstrap} is not reachable: {e}") from e
     result: dict[str, str] = {}
     missing = [s for s in specs if s.name not in existing]
-    deadline = time.monotonic() + timeout
-    while missing:
+
+    def create() -> None:
+        """One round over the topics still missing; those a settling cluster refused stay missing (`_Settling`)."""
+        nonlocal admin, missing
         futures = admin.create_topics(
             [NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication, config=dict(s.config))
              for s in missing], operation_timeout=timeout, request_timeout=timeout)
-        by_name, again = {s.name: s for s in missing}, []
+        by_name, again, last = {s.name: s for s in missing}, [], None
         for name, fut in futures.items():
             try:
                 fut.result(timeout=timeout)
@@ -144,17 +152,27 @@ def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 3
                 err = e.args[0]
                 if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:  # lost a race with another `up`: fine
                     result[name] = "exists"
-                elif _settling(err) and time.monotonic() < deadline:
+                elif _settling(err):
                     again.append(by_name[name])
+                    last = f"creating topic {name!r} on {bootstrap} failed: {err.str()}"
                 else:
                     raise InfraError(f"creating topic {name!r} on {bootstrap} failed: {err.str()}") from e
-        if again:
-            # A cluster that has just come up can drop the admin's connection while its controller
-            # settles, or refuse a replication factor until every node has registered: retry the
-            # rest on a fresh client (creating is idempotent: a repeat reads "already exists").
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-            admin = _admin(bootstrap)
         missing = again
+        if again:
+            # A cluster that has just come up can drop the admin's connection while its controller settles, or
+            # refuse a replication factor until every node has registered: the rest go again on a fresh client
+            # (creating is idempotent: a repeat reads "already exists").
+            admin = _admin(bootstrap)
+            raise _Settling(last)
+
+    # kvpipe's retry policy (schemas/retrying.py): jittered, so the admins of several `up`s do not come back in step
+    try:
+        for attempt in retrying.retrying(first_s=0.25, max_s=2.0, stop=stop_after_delay(timeout), reraise=True,
+                                         retry=retry_if_exception_type(_Settling)):
+            with attempt:
+                create()
+    except _Settling as e:
+        raise InfraError(str(e)) from e
     if any(v == "exists" for v in result.values()):
         existing.update({n: len(t.partitions) for n, t in admin.list_topics(timeout=timeout).topics.items()})
     problems = []

@@ -32,7 +32,7 @@ from kvpipe.progress import Progress
 from kvpipe.bench.procrun import free_port
 from kvpipe.processors.analytics.saved import QUERIES_DIR
 from kvpipe.processors.core.remote import ok_json
-from kvpipe.processors.core.retrying import retrying
+from kvpipe.schemas.retrying import retrying
 from kvpipe.schemas.settings import Settings, load_settings
 
 NODES = [

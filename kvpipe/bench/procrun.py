@@ -18,7 +18,7 @@ from typing import Any
 from tenacity import RetryError, retry_if_exception_type, stop_after_delay
 
 from kvpipe.processors.core.remote import ok_json, post_json
-from kvpipe.processors.core.retrying import retrying
+from kvpipe.schemas.retrying import retrying
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,8 @@ import time
 
 from tenacity import RetryCallState
 
-from kvpipe.processors.core import rebalance, retrying
+from kvpipe.processors.core import rebalance
+from kvpipe.schemas import retrying
 from kvpipe.processors.analytics import derive, restore_state
 from kvpipe.processors.analytics.app import app, events_topic, settings
 from kvpipe.processors.analytics.derive import message_rows
@@ -206,7 +207,7 @@ async def ensure_tracker(partitions: list[int]) -> None:
         log.info("analytics: re-store tracker rebuilt from the store: %s", info)
 
 
-# The tracker's rebuild waits for the store as the sink's inserts do (kvpipe.processors.core.retrying), from 0.5 s up
+# The tracker's rebuild waits for the store as the sink's inserts do (kvpipe.schemas.retrying), from 0.5 s up
 # to 30 s between tries: the partition stays paused meanwhile, its messages are not lost.
 TRACKER_FIRST_RETRY_S = 0.5
 TRACKER_MAX_RETRY_S = 30.0

@@ -32,7 +32,7 @@ before it takes the next message) awaits on the event loop — it never blocks t
 where aiokafka's heartbeats run — so consumption stops and Kafka is the buffer.
 
 Failures. A failed insert is retried, the same rows, with kvpipe's retry policy
-(kvpipe.processors.core.retrying: exponential back-off from `FIRST_RETRY_S` with jitter, each wait at most
+(kvpipe.schemas.retrying: exponential back-off from `FIRST_RETRY_S` with jitter, each wait at most
 `retry_max_s`), for as long as the store refuses (down, read-only, out of disk, slow). Nothing is
 split or dropped: a row the store rejects for its content is a bug, and it stays visible —
 `store_state` "refusing" with the reason, a log line per `log_every_s` — until it is fixed. The
@@ -57,7 +57,7 @@ from kvpipe.processors.analytics.query import bind_values, run_on_client
 from kvpipe.processors.analytics.reads import ReadClients
 from kvpipe.processors.analytics.sqlguard import checked_sql
 from kvpipe.processors.analytics.tables import BY_NAME, TABLES, MessageRows, rows_count
-from kvpipe.processors.core import retrying
+from kvpipe.schemas import retrying
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""kvpipe's one retry policy (kvpipe.processors.core.retrying): waits grow exponentially, are jittered, and stay
+"""kvpipe's one retry policy (kvpipe.schemas.retrying): waits grow exponentially, are jittered, and stay
 within [d/2, d] of the back-off d, never past the cap; callers keep their own attempts, stops and counters."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pytest
 from tenacity import RetryCallState, RetryError, stop_after_attempt
 
-from kvpipe.processors.core import retrying
+from kvpipe.schemas import retrying
 
 
 def _waits(first_s: float, max_s: float, attempts: int) -> list[float]:

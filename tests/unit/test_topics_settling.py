@@ -1,0 +1,66 @@
+"""`kvpipe.infra.topics.ensure_topics` on a cluster still coming up: the topics it refuses with a settling error go again,
+on a fresh admin client, after the retry policy's jittered waits (schemas/retrying.py), until created or the
+timeout; any other error ends it at once. A fake admin stands in for the cluster's answers (the real cluster's
+settling is exercised by tests/fault's 3-node test)."""
+from __future__ import annotations
+
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from kvpipe.infra import topics
+from kvpipe.infra.errors import InfraError
+
+
+class _Admin:
+    def __init__(self, script: list[dict[str, int | None]], created: list[list[str]]) -> None:
+        self.script, self.created = script, created
+
+    def list_topics(self, timeout: float) -> SimpleNamespace:
+        return SimpleNamespace(topics={})
+
+    def create_topics(self, new, operation_timeout: float, request_timeout: float) -> dict[str, Future]:
+        answers = self.script.pop(0)
+        self.created.append([t.topic for t in new])
+        out = {}
+        for t in new:
+            f: Future = Future()
+            code = answers.get(t.topic)
+            if code is None:
+                f.set_result(None)
+            else:
+                f.set_exception(KafkaException(KafkaError(code)))
+            out[t.topic] = f
+        return out
+
+
+def _run(monkeypatch, script, timeout=5.0):
+    created: list[list[str]] = []
+    admins: list[_Admin] = []
+
+    def admin(_bootstrap):
+        a = _Admin(script, created)
+        admins.append(a)
+        return a
+
+    monkeypatch.setattr(topics, "_admin", admin)
+    monkeypatch.setattr(topics, "_align_configs", lambda *a, **k: ([], []), raising=False)
+    specs = [topics.TopicSpec("a", 1), topics.TopicSpec("b", 1)]
+    return topics.ensure_topics("x:1", specs, timeout=timeout), created, admins
+
+
+def test_refused_topics_go_again_on_a_fresh_client_until_created(monkeypatch):
+    settle = KafkaError.INVALID_REPLICATION_FACTOR
+    result, created, admins = _run(monkeypatch, [{"b": settle}, {"b": settle}, {}])
+    assert result == {"a": "created", "b": "created"}
+    assert created == [["a", "b"], ["b"], ["b"]] and len(admins) == 3  # one fresh client per round
+
+
+def test_other_errors_end_it_at_once_and_settling_ends_at_the_timeout(monkeypatch):
+    with pytest.raises(InfraError, match="'b'"):
+        _run(monkeypatch, [{"b": KafkaError.POLICY_VIOLATION}])
+    never = [{"b": KafkaError.NOT_CONTROLLER}] * 100
+    with pytest.raises(InfraError, match="creating topic 'b'"):
+        _run(monkeypatch, never, timeout=0.6)
