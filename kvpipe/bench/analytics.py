@@ -46,6 +46,7 @@ import click
 import httpx
 import msgspec
 
+from kvpipe.processors.analytics.chclient import client_kwargs
 from kvpipe.processors.analytics.rows import EVENT_COLUMNS, LIFETIME_COLUMNS, EventRow, event_columns, event_rows, \
     group_kinds_of, lifetime_columns, number_copies
 from kvpipe.processors.core.lifetimes import LifetimeRow
@@ -93,7 +94,7 @@ def direct_insert(dsn: str, events: list, lifetimes: list, batch: int) -> float:
 
     from kvpipe.processors.analytics.migrations import apply_migrations
 
-    client = clickhouse_connect.get_client(dsn=dsn)
+    client = clickhouse_connect.get_client(dsn=dsn, **client_kwargs(dsn))
     try:
         apply_migrations(client)
         started = time.perf_counter()
@@ -119,7 +120,7 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
     from kvpipe.processors.analytics.migrations import apply_migrations
     from kvpipe.processors.analytics.restores import RestoreTracker
 
-    client = clickhouse_connect.get_client(dsn=dsn)
+    client = clickhouse_connect.get_client(dsn=dsn, **client_kwargs(dsn))
     thresholds = gc.get_threshold()
     gc.freeze()  # the worker's GC settings (agents.tune_gc), so GC costs the same on both sides
     gc.set_threshold(*GC_THRESHOLDS)
