@@ -18,8 +18,13 @@ def worker_settings(prog: str, flags: Mapping[str, object], insecure: bool) -> S
     os.environ.update({k: str(v) for k, v in flags.items() if v is not None})
     if insecure:  # the apps check the exposure rule again at import (webauth.install): they must see the flag
         os.environ["KVPIPE_INSECURE"] = "true"
+    from kvpipe.processors.core.kafkaconf import check_properties
+
     try:
         settings = load_settings()
+        # the Kafka pass-through properties the Faust clients cannot apply stop the app here with their names,
+        # not at the app's import with a traceback
+        check_properties(settings)
     except SettingsError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return None

@@ -57,6 +57,12 @@ def _mapped_properties(settings: Settings) -> list[tuple[str, tuple[str, ...], A
     return out
 
 
+def check_properties(settings: Settings) -> None:
+    """SettingsError naming the pass-through properties the Faust apps' clients cannot apply (the CLIs call it
+    before importing an app, so the operator reads one line, not a traceback from the app's import)."""
+    _mapped_properties(settings)
+
+
 def _token_provider_base() -> type:
     from aiokafka.abc import AbstractTokenProvider
 

@@ -133,3 +133,14 @@ def test_aiokafka_and_faust_get_the_properties_they_have_and_refuse_the_rest():
 def test_secret_properties_are_masked_in_the_settings_repr():
     s = load_settings(env={"KVPIPE_KAFKA_PROPERTIES": '{"ssl.keystore.password": "ks-secret", "client.rack": "r1"}'})
     assert "ks-secret" not in repr(s) and "'client.rack': 'r1'" in repr(s)
+
+
+def test_both_apps_refuse_such_properties_at_start_in_one_line(monkeypatch, capsys):
+    from kvpipe.processors.core.appcli import worker_settings
+
+    monkeypatch.setenv("KVPIPE_KAFKA_PROPERTIES", '{"socket.keepalive.enable": true}')
+    for prog in ("kvpipe processor", "kvpipe analytics"):
+        assert worker_settings(prog, {}, insecure=False) is None  # the CLI exits 2, before importing the app
+        err = capsys.readouterr().err
+        assert err.startswith(f"{prog}: kafka_properties: socket.keepalive.enable: no aiokafka equivalent")
+        assert "Traceback" not in err and err.count("\n") == 1
