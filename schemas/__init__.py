@@ -3,7 +3,10 @@
 Owns: vLLM's KV event structs (`events`, byte-compatible with vLLM 0.33, plus the <= 0.23 array
 layout), our versioned `Envelope` (`envelope`), encoders/decoders with classified errors
 (`codec`), and the typed `Settings` every process reads (`settings`).
-May import: msgspec and the standard library only. Everything else of ours imports this package.
+May import: msgspec and the standard library; for the plumbing every command shares, click (`cliopts`),
+python-json-logger (`logsetup`) and tenacity (`retrying`, the one retry policy) — never a Kafka, HTTP or
+ClickHouse client, Faust or torch (pyproject.toml's import contracts hold this). Everything else of ours
+imports this package.
 
 Evolving the schema (the rule the golden vectors in tests/conformance enforce):
 - Within major version 1, changes are additive: a new field is optional, has a default, and is

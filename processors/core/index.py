@@ -51,9 +51,8 @@ from kvpipe.processors.core.lifetimes import REASON_CLEARED, REASON_EVICTED, REA
 from kvpipe.processors.core import native
 from kvpipe.processors.core.slots import NativeStore, Slot, StoreKind, batch_event, make_store
 from kvpipe.schemas.envelope import Envelope, GroupSpec, HashConfig
+from kvpipe.schemas.events import MEDIUM_GPU as GPU
 from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
-
-GPU = "GPU"
 
 APPLIED = "applied"
 DUPLICATE = "duplicate"

@@ -22,12 +22,12 @@ from typing import Any, Literal
 
 from kvpipe.processors.core import native
 from kvpipe.processors.core.lifetimes import U64_MASK
+from kvpipe.schemas.events import MEDIUM_GPU as GPU  # the medium name vLLM gives device memory
 from kvpipe.schemas.events import Event, ExternalHash
 
 StoreKind = Literal["native", "python"]
 MAX_MEDIA = 0xFFFF  # medium ids the native store records; the last one is shared by any further medium
 STORES: tuple[StoreKind, ...] = ("native", "python")
-GPU = "GPU"  # the medium name vLLM gives device memory (`processors/core/index.py` names it too)
 
 
 def key_of(h: ExternalHash) -> int:
