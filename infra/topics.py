@@ -167,10 +167,11 @@ def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 3
 
     # kvpipe's retry policy (schemas/retrying.py): jittered, so the admins of several `up`s do not come back in step
     try:
-        for attempt in retrying.retrying(first_s=0.25, max_s=2.0, stop=stop_after_delay(timeout), reraise=True,
-                                         retry=retry_if_exception_type(_Settling)):
-            with attempt:
-                create()
+        if missing:
+            for attempt in retrying.retrying(first_s=0.25, max_s=2.0, stop=stop_after_delay(timeout), reraise=True,
+                                             retry=retry_if_exception_type(_Settling)):
+                with attempt:
+                    create()
     except _Settling as e:
         raise InfraError(str(e)) from e
     if any(v == "exists" for v in result.values()):

@@ -18,8 +18,10 @@ class _Admin:
     def __init__(self, script: list[dict[str, int | None]], created: list[list[str]]) -> None:
         self.script, self.created = script, created
 
+    existing: dict = {}
+
     def list_topics(self, timeout: float) -> SimpleNamespace:
-        return SimpleNamespace(topics={})
+        return SimpleNamespace(topics=self.existing)
 
     def create_topics(self, new, operation_timeout: float, request_timeout: float) -> dict[str, Future]:
         answers = self.script.pop(0)
@@ -64,3 +66,9 @@ def test_other_errors_end_it_at_once_and_settling_ends_at_the_timeout(monkeypatc
     never = [{"b": KafkaError.NOT_CONTROLLER}] * 100
     with pytest.raises(InfraError, match="creating topic 'b'"):
         _run(monkeypatch, never, timeout=0.6)
+
+
+def test_nothing_missing_creates_nothing(monkeypatch):
+    monkeypatch.setattr(_Admin, "existing", {"a": SimpleNamespace(partitions=[0]), "b": SimpleNamespace(partitions=[0])})
+    result, created, _ = _run(monkeypatch, [])
+    assert result == {"a": "exists", "b": "exists"} and created == []
