@@ -23,9 +23,20 @@ pub(crate) struct Request {
     num_tokens: Option<i64>,
     #[serde(default)]
     top_k: Option<i64>,
-    /// "hma" (the default) or "prefix-per-group" (each group's row also says its longest held prefix).
+    /// "hma" (the default) or "prefix-per-group"; any other value, `null` included (Python's 400),
+    /// fails the parse.
     #[serde(default)]
-    semantics: Option<String>,
+    semantics: Semantics,
+}
+
+#[derive(Deserialize, Default, PartialEq)]
+enum Semantics {
+    #[default]
+    #[serde(rename = "hma")]
+    Hma,
+    /// each group's row also says its longest held prefix
+    #[serde(rename = "prefix-per-group")]
+    PrefixPerGroup,
 }
 
 /// `processors/router/request.py: MAX_HASHES`.
@@ -99,11 +110,7 @@ impl Request {
         if self.top_k.is_some_and(|k| k < 1) {
             return None;
         }
-        let prefixes = match self.semantics.as_deref() {
-            None | Some("hma") => false,
-            Some("prefix-per-group") => true,
-            Some(_) => return None,
-        };
+        let prefixes = self.semantics == Semantics::PrefixPerGroup;
         let top_k = self.top_k;
         let prompt = match (self.token_ids, self.unit_hashes) {
             (Some(tokens), None) => {
