@@ -149,7 +149,8 @@ class RouteServer:
 class NativeRouter:
     """The route decision of the common request, from a plan `kvpipe.processors.router.native` exports."""
 
-    def __new__(cls, store: IndexStore) -> Self: ...
+    def __new__(cls, store: IndexStore, memo_entries: int = ...) -> Self: ...
+    def memo_stats(self) -> dict[str, int]: ...
     def set_plan(self, generation: int, engine: HitEngine, configs: Sequence[tuple[bytes, int, str]],
                  cohorts: Sequence[_CohortArgs], nodes: Sequence[tuple[str, str]], no_signal: str, model: str,
                  media_rank: Sequence[int], media: Sequence[str], stale_after: tuple[float, str] | None,

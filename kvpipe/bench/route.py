@@ -196,10 +196,13 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     # the native route decision (native/src/decide.rs): the route server's whole answer from the request's
     # bytes (JSON read, hashing, search, ranking, JSON written), checked equal to the Python path's
     path = NativeRoute(index, searches["native"], None) if "native" in searches else None
-    if path is not None:
-        path.refresh(None)
+    # the same path without the digest memo (native/src/hashmemo.rs): every token-id prompt hashed in full
+    cold = NativeRoute(index, searches["native"], None, memo_entries=0) if path is not None else None
+    for p in (cold, path):  # `path` last: the index tells the last one attached when its nodes move
+        if p is not None:
+            p.refresh(None)
     native_times: dict[str, list[float]] = {"decision": [], "full": [], "decision_search": [], "units_decision": [],
-                                            "units_full": [], "uncached_decision": []}
+                                            "units_full": [], "uncached_decision": [], "decision_memo_off": []}
     native_checked = 0
     fresh = random.Random(seed + 1)  # prompts no node holds (their own stream: the cached ones stay as they were)
     for r, tokens in enumerate(prompts(docs, requests, rng)):
@@ -225,16 +228,24 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
         if one.chosen != first.chosen or one.nodes != first.nodes[:1]:
             raise RuntimeError(f"request {r}: top_k 1 chose differently from the full answer")
         if path is not None and path.router.ready:
-            for name, req, want in (("decision", RouteRequest(token_ids=tokens, top_k=1), one),
-                                    ("full", RouteRequest(token_ids=tokens), first)):
-                body = _ENCODE(req)
+            # the decision with and without the digest memo, in alternating order (the first after the Python
+            # calls above finds less in the cache)
+            assert cold is not None
+            body = _ENCODE(RouteRequest(token_ids=tokens, top_k=1))
+            pair = (("decision", path), ("decision_memo_off", cold))
+            for name, p in pair if r % 2 == 0 else pair[::-1]:
                 t = time.perf_counter()
-                got = path.answer(body)
+                got = p.answer(body)
                 native_times[name].append(time.perf_counter() - t)
-                if got is None or without_timings(got) != without_timings(_ENCODE(want)):
+                if got is None or without_timings(got) != without_timings(_ENCODE(one)):
                     raise RuntimeError(f"request {r}: the native {name} differs from the Python path's")
                 if name == "decision":
                     native_times["decision_search"].append(_DECODE(got)["search_s"])
+            t = time.perf_counter()
+            got = path.answer(_ENCODE(RouteRequest(token_ids=tokens)))
+            native_times["full"].append(time.perf_counter() - t)
+            if got is None or without_timings(got) != without_timings(_ENCODE(first)):
+                raise RuntimeError(f"request {r}: the native full answer differs from the Python path's")
             # the same prompt as its hash-unit chain (the hashes ready made, as Dynamo gets them)
             cfg = CONFIGS[0]
             chain: list[int | str] = [h if isinstance(h, int) else "0x" + h.hex() for h in (
@@ -352,11 +363,15 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     else:
         out["dynamo_radix_tree"] = {"missing": DYNAMO_MISSING if dynamo else "skipped (--no-dynamo)"}
     if native_checked:
+        assert path is not None
         out["native_route"] = {"answers_checked": native_checked,
                                "decision_top_k_1": summary(native_times["decision"]),
                                "full_answer": summary(native_times["full"]),
                                "decision_search_part": summary(native_times["decision_search"]),
                                "uncached_decision_top_k_1": summary(native_times["uncached_decision"]),
+                               "decision_top_k_1_memo_off": summary(native_times["decision_memo_off"]),
+                               "hash_memo": {**dict(path.router.memo_stats()), "what": "prompt units whose digest "
+                                             "came from the memo of held units (hits) or was computed (misses)"},
                                "unit_chain": {"decision_top_k_1": summary(native_times["units_decision"]),
                                               "full_answer": summary(native_times["units_full"]),
                                               "what": "the same prompts sent as their hash-unit chain "

@@ -9,28 +9,28 @@ use serde::Deserialize;
 /// `processors/router/request.py: MAX_TOKENS`; longer prompts get Python's 413.
 pub const MAX_TOKENS: usize = 1_000_000;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Request {
     #[serde(default)]
-    token_ids: Option<Vec<i64>>,
+    pub(crate) token_ids: Option<Vec<i64>>,
     /// The prompt's hash-unit chain (`processors/router/request.py: _check_units`), as store keys.
     #[serde(default)]
-    unit_hashes: Option<Vec<UnitKey>>,
+    pub(crate) unit_hashes: Option<Vec<UnitKey>>,
     #[serde(default)]
-    hash_block_size: Option<i64>,
+    pub(crate) hash_block_size: Option<i64>,
     #[serde(default)]
-    num_tokens: Option<i64>,
+    pub(crate) num_tokens: Option<i64>,
     #[serde(default)]
-    top_k: Option<i64>,
+    pub(crate) top_k: Option<i64>,
     /// "hma" (the default) or "prefix-per-group"; any other value, `null` included (Python's 400),
     /// fails the parse.
     #[serde(default)]
-    semantics: Semantics,
+    pub(crate) semantics: Semantics,
 }
 
-#[derive(Deserialize, Default, PartialEq)]
-enum Semantics {
+#[derive(Deserialize, Default, PartialEq, Debug)]
+pub(crate) enum Semantics {
     #[default]
     #[serde(rename = "hma")]
     Hma,
@@ -45,7 +45,14 @@ pub const MAX_HASHES: usize = 100_000;
 /// One hash of a request's chain as the store keys it (`processors/core/slots.py: key_of`): an int
 /// (vLLM's external form, `0 <= h < 2**64`) as it is, `"0x…"` bytes by their last 8 bytes read
 /// big-endian. Anything else fails the parse, and the request goes to Python, which names the field.
-struct UnitKey(u64);
+#[derive(Debug)]
+pub(crate) struct UnitKey(pub(crate) u64);
+
+impl UnitKey {
+    pub(crate) fn from_hex(v: &str) -> Option<UnitKey> {
+        hex_key(v).map(UnitKey)
+    }
+}
 
 impl<'de> Deserialize<'de> for UnitKey {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -104,6 +111,26 @@ pub(crate) enum Prompt {
 }
 
 impl Request {
+    /// The request in `body`, read by `askread` when it takes the body and by serde otherwise;
+    /// None where serde refuses it (Python then answers).
+    pub(crate) fn read(body: &[u8]) -> Option<Request> {
+        crate::askread::read(body).or_else(|| serde_json::from_slice(body).ok())
+    }
+
+    /// Every field, for comparing two readings in tests.
+    #[cfg(test)]
+    pub(crate) fn debug(&self) -> String {
+        format!(
+            "{:?} {:?} {:?} {:?} {:?} {:?}",
+            self.token_ids,
+            self.unit_hashes,
+            self.hash_block_size,
+            self.num_tokens,
+            self.top_k,
+            self.semantics
+        )
+    }
+
     /// What the request asks when it is one this module answers exactly as Python would; None for
     /// Python to answer (its 400s and 413s say what is wrong).
     pub(crate) fn ask(self) -> Option<Ask> {

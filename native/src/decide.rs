@@ -24,10 +24,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::answer::write_answer;
 use crate::ask::{Ask, Prompt, Request};
+use crate::hashmemo::{self, HashMemo};
 use crate::hit::Layout;
 use crate::pystore::{read, Shared};
 use crate::route::{self, Members, ModelArgs, NodeOut};
-use crate::tokenhash;
 
 /// One hash configuration the plan's nodes use (vLLM's default sha256 chain).
 pub struct Config {
@@ -130,6 +130,8 @@ pub struct Router {
     /// False while anything the native path does not model is in force (in-flight guesses, more
     /// than one worker's nodes): every request goes to Python then.
     open: AtomicBool,
+    /// Digests of held prefixes' units, so a prefix routed before is not hashed again.
+    memo: HashMemo,
 }
 
 /// A candidate row before it is written: its rank key, then what the row needs.
@@ -145,13 +147,15 @@ pub(crate) struct Row<'a> {
 }
 
 impl Router {
-    pub fn new(store: Shared) -> Self {
+    /// A router on `store` remembering at most `memo_entries` held units' digests (0: none).
+    pub fn new(store: Shared, memo_entries: usize) -> Self {
         Router {
             store,
             plan: RwLock::new(None),
             live: RwLock::new(Arc::new(Vec::new())),
             generation: AtomicU64::new(u64::MAX),
             open: AtomicBool::new(false),
+            memo: HashMemo::new(memo_entries),
         }
     }
 
@@ -191,7 +195,7 @@ impl Router {
 
     /// The answer's JSON for `body`, or None for Python to answer.
     pub fn answer(&self, body: &[u8]) -> Option<Vec<u8>> {
-        let req: Request = serde_json::from_slice(body).ok()?;
+        let req = Request::read(body)?;
         let ask = req.ask()?;
         let plan = self.current()?;
         let live = self.live.read().unwrap_or_else(|e| e.into_inner()).clone();
@@ -202,7 +206,11 @@ impl Router {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
-        decide(&plan, &live, &self.store, &ask, now)
+        decide(&plan, &live, &self.store, &self.memo, &ask, now)
+    }
+
+    pub fn memo_stats(&self) -> hashmemo::MemoStats {
+        self.memo.stats()
     }
 }
 
@@ -233,7 +241,14 @@ fn before(a: &Row, b: &Row, plan: &Plan) -> bool {
         .is_some_and(|o| o == std::cmp::Ordering::Less)
 }
 
-fn decide(plan: &Plan, live: &[Live], store: &Shared, ask: &Ask, now: f64) -> Option<Vec<u8>> {
+fn decide(
+    plan: &Plan,
+    live: &[Live],
+    store: &Shared,
+    memo: &HashMemo,
+    ask: &Ask,
+    now: f64,
+) -> Option<Vec<u8>> {
     let (prompt, top_k) = (&ask.prompt, ask.top_k);
     let num_tokens = match prompt {
         Prompt::Tokens(tokens) => tokens.len() as i64,
@@ -243,16 +258,22 @@ fn decide(plan: &Plan, live: &[Live], store: &Shared, ask: &Ask, now: f64) -> Op
     let t_hash = Instant::now();
     // per configuration: the chain's 64-bit keys (the digest's last 8 bytes, as the store keys them)
     let mut chains: Vec<Option<Vec<u64>>> = (0..plan.configs.len()).map(|_| None).collect();
+    // per configuration, for a token-id prompt: its digests, to remember the held prefix's units
+    let mut digests: Vec<Option<hashmemo::Chain>> = (0..plan.configs.len()).map(|_| None).collect();
     let mut config_nodes = vec![0usize; plan.configs.len()];
     for c in &plan.cohorts {
         if chains[c.config].is_none() {
             let cfg = &plan.configs[c.config];
             chains[c.config] = Some(match prompt {
                 Prompt::Tokens(tokens) => {
-                    tokenhash::sha256_chain(&cfg.none_hash, tokens, cfg.unit)?
+                    let chain = memo.chain(&cfg.none_hash, tokens, cfg.unit)?;
+                    let keys = chain
+                        .digests
                         .iter()
                         .map(|d| u64::from_be_bytes(d[24..].try_into().expect("32-byte digest")))
-                        .collect()
+                        .collect();
+                    digests[c.config] = Some(chain);
+                    keys
                 }
                 // nodes hashing in other units are Python's "lists" no-signal entries
                 Prompt::Units { keys, unit, .. } if *unit == cfg.unit => keys.clone(),
@@ -386,6 +407,28 @@ fn decide(plan: &Plan, live: &[Live], store: &Shared, ask: &Ask, now: f64) -> Op
         }
     }
     let search_s = t_search.elapsed().as_secs_f64();
+    if let Prompt::Tokens(tokens) = prompt {
+        // the longest prefix a node holds, per configuration: those units are worth remembering
+        let mut held = vec![0i64; plan.configs.len()];
+        for r in &rows {
+            if let Some(n) = &r.out {
+                let h = &mut held[r.cohort.config];
+                *h = (*h).max(n.any_tokens);
+            }
+        }
+        for (i, chain) in digests.iter().enumerate() {
+            if let Some(chain) = chain {
+                let cfg = &plan.configs[i];
+                memo.admit(
+                    &cfg.none_hash,
+                    tokens,
+                    cfg.unit,
+                    chain,
+                    held[i] as usize / cfg.unit,
+                );
+            }
+        }
+    }
     let (chains, hashing_s) = if hashed {
         (chains, hashing_s)
     } else {

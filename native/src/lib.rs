@@ -7,9 +7,11 @@
 //! - `snapshot`: a slot's snapshot record written and read as msgspec's bytes;
 //! - `hit` (Python face `pyhit::HitEngine`): vLLM's hybrid hit on held positions, and `route`: every
 //!   node of a cohort searched from the store in one call (`processors/router/cohort.py`);
-//! - `tokenhash`: vLLM's default block hash chained over token ids (`processors/router/hashing.py`);
+//! - `tokenhash`: vLLM's default block hash chained over token ids (`processors/router/hashing.py`),
+//!   and `hashmemo`: the digests of units nodes hold, remembered so a routed prefix is hashed once;
 //! - `decide` (Python face `pyroute::NativeRouter`): the route decision of the common request without
-//!   Python, from a plan `processors/router/native.py` exports (`ask`: what a body asks; `answer`: the
+//!   Python, from a plan `processors/router/native.py` exports (`ask`: what a body asks, `askread`
+//!   its fast reader; `answer`: the
 //!   JSON written); `serve` (Python face
 //!   `pyserve::RouteServer`): the HTTP server that runs it on threads of its own
 //!   (`processors/routing/routeserve.py`), passing everything else to the Python app.
@@ -19,9 +21,11 @@
 
 mod answer;
 mod ask;
+mod askread;
 pub mod batch;
 pub mod decide;
 pub mod envelope;
+pub mod hashmemo;
 pub mod hit;
 pub mod route;
 pub mod serve;
@@ -194,7 +198,7 @@ fn sha256_token_chain<'py>(
 /// their arguments and answers). Bump it with any change to that surface, together with
 /// `API_VERSION` in `processors/core/native.py` and `native/kvpipe_native.pyi`: an extension built
 /// from other sources then reads as "not native" there, with the reason, instead of failing mid-run.
-pub const API_VERSION: u32 = 1;
+pub const API_VERSION: u32 = 2;
 
 #[pymodule]
 fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {

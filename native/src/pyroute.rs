@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 
 use crate::decide::{CohortPlan, Config, Live, ModelPlan, NodePlan, Plan, Router};
 use crate::pyhit::HitEngine;
@@ -42,10 +42,24 @@ fn lives(live: Vec<LiveArgs>) -> Vec<Live> {
 #[pymethods]
 impl NativeRouter {
     #[new]
-    fn new(store: PyRef<'_, IndexStore>) -> Self {
+    #[pyo3(signature = (store, memo_entries = crate::hashmemo::DEFAULT_CAPACITY))]
+    fn new(store: PyRef<'_, IndexStore>, memo_entries: usize) -> Self {
         NativeRouter {
-            inner: Arc::new(Router::new(store.inner.clone())),
+            inner: Arc::new(Router::new(store.inner.clone(), memo_entries)),
         }
+    }
+
+    /// What the digest memo did (`hashmemo.rs`): units read from it and hashed, units admitted,
+    /// entries held now.
+    fn memo_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.memo_stats();
+        let d = PyDict::new(py);
+        d.set_item("hits", s.hits)?;
+        d.set_item("misses", s.misses)?;
+        d.set_item("admitted", s.admitted)?;
+        d.set_item("entries", s.entries)?;
+        d.set_item("capacity", s.capacity)?;
+        Ok(d)
     }
 
     /// A new plan (see `decide::Plan`), with the live state of its nodes in plan order.

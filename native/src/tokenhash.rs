@@ -50,38 +50,46 @@ pub fn sha256_chain(parent: &[u8], tokens: &[i64], unit: usize) -> Option<Vec<[u
     }
     let mut out = Vec::with_capacity(tokens.len() / unit);
     let mut buf: Vec<u8> = Vec::with_capacity(64 + 5 * unit);
-    let mut prev: Vec<u8> = parent.to_vec();
+    let mut prev: &[u8] = parent;
     for chunk in tokens.chunks_exact(unit) {
-        buf.clear();
-        buf.extend_from_slice(&[PROTO, 5, FRAME]);
-        buf.extend_from_slice(&[0; 8]); // the frame's length, filled in below
-        buf.extend_from_slice(&[SHORT_BINBYTES, prev.len() as u8]);
-        buf.extend_from_slice(&prev);
-        buf.push(MEMOIZE);
-        if unit > 3 {
-            buf.push(MARK);
-        }
-        for &t in chunk {
-            if !push_int(&mut buf, t) {
-                return None;
-            }
-        }
-        buf.push(match unit {
-            1 => TUPLE1,
-            2 => TUPLE2,
-            3 => TUPLE3,
-            _ => TUPLE,
-        });
-        buf.extend_from_slice(&[MEMOIZE, NONE, TUPLE3, MEMOIZE, STOP]);
-        let framed = buf.len() - 11;
-        if framed >= FRAME_TARGET {
-            return None;
-        }
-        buf[3..11].copy_from_slice(&(framed as u64).to_le_bytes());
-        let digest: [u8; 32] = Sha256::digest(&buf).into();
-        out.push(digest);
-        prev.clear();
-        prev.extend_from_slice(&digest);
+        out.push(unit_digest(&mut buf, prev, chunk)?);
+        prev = out.last().expect("pushed");
     }
     Some(out)
+}
+
+/// The digest of one unit (`chunk`) chained from `prev` (under 256 bytes), written through `buf`;
+/// None when the unit falls outside the shape this module writes.
+pub fn unit_digest(buf: &mut Vec<u8>, prev: &[u8], chunk: &[i64]) -> Option<[u8; 32]> {
+    let unit = chunk.len();
+    if unit == 0 || prev.len() >= 256 {
+        return None;
+    }
+    buf.clear();
+    buf.extend_from_slice(&[PROTO, 5, FRAME]);
+    buf.extend_from_slice(&[0; 8]); // the frame's length, filled in below
+    buf.extend_from_slice(&[SHORT_BINBYTES, prev.len() as u8]);
+    buf.extend_from_slice(prev);
+    buf.push(MEMOIZE);
+    if unit > 3 {
+        buf.push(MARK);
+    }
+    for &t in chunk {
+        if !push_int(buf, t) {
+            return None;
+        }
+    }
+    buf.push(match unit {
+        1 => TUPLE1,
+        2 => TUPLE2,
+        3 => TUPLE3,
+        _ => TUPLE,
+    });
+    buf.extend_from_slice(&[MEMOIZE, NONE, TUPLE3, MEMOIZE, STOP]);
+    let framed = buf.len() - 11;
+    if framed >= FRAME_TARGET {
+        return None;
+    }
+    buf[3..11].copy_from_slice(&(framed as u64).to_le_bytes());
+    Some(Sha256::digest(&buf[..]).into())
 }

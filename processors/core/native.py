@@ -53,11 +53,13 @@ else:
     _import_error = None
 
 Engine = Literal["native", "python"]
-API_VERSION = 1  # the extension's surface this module is written against (native/src/lib.rs: API_VERSION)
+API_VERSION = 2  # the extension's surface this module is written against (native/src/lib.rs: API_VERSION)
 # Every name the extension exports (the stub's `__all__`; tests/unit/test_native_facade.py holds the two equal).
 SURFACE = frozenset({"API_VERSION", "Batch", "GPU_MEDIUM", "HitEngine", "IndexStore", "MEDIA_BITS", "MemberTable",
                      "NativeRouter", "RouteServer", "UNKNOWN_MEDIUM", "ingest_run", "parse_batch", "read_slot_head",
                      "serve_static", "sha256_token_chain"})
+# digests of held prompt units the native route decision remembers (native/src/hashmemo.rs), ~200 bytes each
+MEMO_ENTRIES = 65_536
 _BUILD = "infra/scripts/native.sh builds it (infra/scripts/venv.sh runs that)"
 
 
@@ -156,9 +158,9 @@ def member_table(owners: Sequence[int], models: Sequence[int]) -> MemberTable:
     return kvpipe_native.MemberTable(owners, models)
 
 
-def native_router(store: IndexStore) -> NativeRouter:
+def native_router(store: IndexStore, memo_entries: int = MEMO_ENTRIES) -> NativeRouter:
     require("the native route decision")
-    return kvpipe_native.NativeRouter(store)
+    return kvpipe_native.NativeRouter(store, memo_entries)
 
 
 def media_bits() -> tuple[int, int, int]:

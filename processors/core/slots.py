@@ -362,10 +362,11 @@ class NativeStore:
         (`kvpipe.processors.router.cohort`); media come as masks (`masks_media`, `media_names`)."""
         return self.core.route_cohort(engine, lists, members, models, self.media_rank(), prefixes)
 
-    def router(self) -> native.NativeRouter:
+    def router(self, memo_entries: int = native.MEMO_ENTRIES) -> native.NativeRouter:
         """The native route decision on this store: it reads the blocks under the store's lock from threads of
-        its own (`kvpipe.processors.router.native`)."""
-        return native.native_router(self.core)
+        its own (`kvpipe.processors.router.native`); `memo_entries` bounds the digests of held prompt units it
+        remembers (0: none)."""
+        return native.native_router(self.core, memo_entries)
 
     def store(self, slot: Slot, hashes: Iterable[ExternalHash], ts: float, cap: int | None) -> tuple[int, int]:
         return self.core.store(slot.sid, hashes, ts, cap)

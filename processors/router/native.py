@@ -47,14 +47,14 @@ class NativeRoute:
     """Keeps a `kvpipe_native.NativeRouter` in step with `index` (see the module doc)."""
 
     def __init__(self, index: Index, search: HitSearch, stale_after_s: float | None,
-                 serves_all: Callable[[], bool] = lambda: True) -> None:
+                 serves_all: Callable[[], bool] = lambda: True, memo_entries: int = native.MEMO_ENTRIES) -> None:
         store = index.store
         if not isinstance(store, NativeStore):
             native.require("the native route path")  # says why the Python engine runs, if it does
             raise RuntimeError("the native route path needs the native index store (index_store=native)")
         self.index, self.store, self.search, self.stale_after_s = index, store, search, stale_after_s
         self.serves_all = serves_all
-        self.router = store.router()
+        self.router = store.router(memo_entries)
         self.exported: int | None = None  # the generation of the plan the native side holds
         self.servable = False  # that plan's cohorts all take the native path
         self.why_not = "no plan exported yet"

@@ -49,7 +49,8 @@ class Serving:
             return
         threads = settings.route_threads or len(os.sched_getaffinity(0))
         self.route = NativeRoute(runtime.index, _default_search(), settings.route_stale_after_s,
-                                 serves_all=lambda: set(owned_partitions()) >= set(expected_partitions()))
+                                 serves_all=lambda: set(owned_partitions()) >= set(expected_partitions()),
+                                 memo_entries=settings.route_hash_memo_entries)
         self.route.refresh(runtime.inflight)
         self.server = self.route.router.serve(settings.web_host, settings.route_port, threads,
                                               settings.api_token_value() or None, settings.http_max_body_bytes,
@@ -69,7 +70,8 @@ class Serving:
         route = self.route
         assert route is not None
         out.update(enabled=True, running=self.server.running, port=self.server.port, native_open=route.router.ready,
-                   closed_because=getattr(route, "open_reason", "") or None, plan_generation=route.exported)
+                   closed_because=getattr(route, "open_reason", "") or None, plan_generation=route.exported,
+                   hash_memo=dict(route.router.memo_stats()))
         return out
 
     def stop(self) -> None:
@@ -98,6 +100,16 @@ class ServerCollector:
         yield GaugeMetricFamily(f"{self.prefix}_native_open", "1 while the native path answers /route (0: every "
                                 "request goes to the web port; /stats route_server.closed_because says why)",
                                 value=1 if self.serving.route is not None and self.serving.route.router.ready else 0)
+        memo = self.serving.route.router.memo_stats() if self.serving.route is not None else None
+        if memo is not None:
+            units = CounterMetricFamily(f"{self.prefix}_hash_memo_units", "prompt units of token-id requests, by "
+                                        "whether their digest came from the memo (hit) or was computed (miss)",
+                                        labels=["outcome"])
+            units.add_metric(["hit"], memo["hits"])
+            units.add_metric(["miss"], memo["misses"])
+            yield units
+            yield GaugeMetricFamily(f"{self.prefix}_hash_memo_entries", "held units' digests remembered now "
+                                    "(at most route_hash_memo_entries)", value=memo["entries"])
         for name, what in (("native_latency", "body read to answer ready, native answers"),
                            ("request_latency", "whole requests, every outcome")):
             h = s[name]

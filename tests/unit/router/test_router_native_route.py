@@ -200,3 +200,35 @@ def test_live_state_is_pushed_only_when_messages_were_handled():
     assert pushed == []
     path.refresh(None, seen=11)
     assert pushed == [len(path._nodes)]
+
+
+def test_remembered_unit_digests_give_the_same_answers_and_only_held_prefixes_are_kept():
+    """The digest memo (native/src/hashmemo.rs) changes no answer, remembers only units of a prefix some node holds,
+    and is off at 0 entries."""
+    rng, index, docs = _fleet(5)
+    cached = bench.prompts(docs, 8, rng)
+    uncached = [[rng.randrange(50_000, 60_000) for _ in range(300)] for _ in range(2)]
+    path = native.NativeRoute(index, HitSearch("native"), STALE)
+    off = native.NativeRoute(index, HitSearch("native"), STALE, memo_entries=0)
+    path.refresh(None)
+    off.refresh(None)
+    bodies = [msgspec.json.encode(RouteRequest(token_ids=t, top_k=2)) for t in cached]
+    first = [_plain(path.answer(b)) for b in bodies]
+    after_first = path.router.memo_stats()
+    assert after_first["admitted"] > 0 and after_first["entries"] == after_first["admitted"]
+    again = [_plain(path.answer(b)) for b in bodies]
+    after_again = path.router.memo_stats()
+    assert again == first == [_plain(off.answer(b)) for b in bodies]
+    assert first == [_python(index, RouteRequest(token_ids=t, top_k=2)) for t in cached]
+    # the second pass read every held unit from the memo and admitted nothing new
+    assert after_again["hits"] - after_first["hits"] >= after_first["admitted"]
+    assert after_again["admitted"] == after_first["admitted"]
+    # prompts no node holds are hashed in full every time and never kept
+    for t in uncached:
+        body = msgspec.json.encode(RouteRequest(token_ids=t, top_k=1))
+        assert _plain(path.answer(body)) == _python(index, RouteRequest(token_ids=t, top_k=1))
+        path.answer(body)
+    final = path.router.memo_stats()
+    assert final["admitted"] == after_again["admitted"] and final["hits"] == after_again["hits"]
+    assert final["misses"] - after_again["misses"] == 2 * 2 * (300 // 16)
+    assert off.router.memo_stats()["entries"] == 0 and off.router.memo_stats()["hits"] == 0
