@@ -834,6 +834,8 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
         # how the kernel spread the connections: native answers per replica
         native_per_replica = [p.get("/stats").get("route_server", {}).get("requests", {}).get("native", 0)
                               for p in [proc, *replicas]]
+        # prompt units whose digest the route server remembered (native/src/hashmemo.rs) or computed
+        hash_memo = [p.get("/stats").get("route_server", {}).get("hash_memo") for p in [proc, *replicas]]
     finally:
         for p in replicas:
             p.stop()
@@ -865,6 +867,7 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
         "served_by": "route_port (native route server)" if route_port else "web_port (the app's web server)",
         "replicas": args.replicas,
         "native_answers_per_replica": native_per_replica,
+        "hash_memo_per_replica": hash_memo,
         "processor_env": {k: v for k, v in args.processor_env.items() if not re.search("TOKEN|PASSWORD|SECRET", k)},
         "duration_s_per_step": args.duration_s,
         "connections": args.connections,

@@ -316,6 +316,43 @@ mod tests {
         }
     }
 
+    /// Long arrays (many 64-byte blocks, ids of 1 to 19 digits), whole and with one byte changed.
+    #[test]
+    fn long_arrays_read_as_serde_reads_them() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let alphabet = b",]0123456789 -.e\n";
+        for round in 0..400 {
+            let ids: Vec<String> = (0..1 + rnd(300))
+                .map(|_| {
+                    let digits = 1 + rnd(if round % 4 == 0 { 19 } else { 7 }) as u32;
+                    (rnd(10u64.pow(digits))).to_string()
+                })
+                .collect();
+            let body = format!("{{\"top_k\":1,\"token_ids\":[{}]}}", ids.join(","));
+            let b = body.into_bytes();
+            let want: Vec<i64> = ids.iter().map(|x| x.parse().unwrap_or(-1)).collect();
+            if ids.iter().all(|x| x.len() <= 18) {
+                assert!(check(&b));
+                assert_eq!(read(&b).unwrap().token_ids.unwrap(), want);
+            }
+            for _ in 0..20 {
+                let i = 13 + rnd(b.len() as u64 - 14) as usize;
+                let mut sub = b.clone();
+                sub[i] = alphabet[rnd(alphabet.len() as u64) as usize];
+                check(&sub);
+                let mut del = b.clone();
+                del.remove(i);
+                check(&del);
+            }
+        }
+    }
+
     /// Generated bodies, then every one-byte deletion, duplication and substitution of them.
     #[test]
     fn mutated_bodies_read_as_serde_reads_them() {
