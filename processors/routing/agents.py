@@ -92,7 +92,12 @@ def _log_refused(result: Result) -> None:
 
 
 async def send_to_dlq(msg, error: DecodeError) -> None:
-    """Never raises: a DLQ the broker refuses (or cannot reach) must not stop the index."""
+    """Never raises: a DLQ the broker refuses (or cannot reach) must not stop the index. A message whose
+    record a restore found already written (the replay after a crash: processors/routing/dlqtail.py) is
+    not sent again; it still counts in `dlq_by_reason`, which counts classifications, not records."""
+    if runtime.dlq_written.take(msg.partition, msg.offset):
+        runtime.dlq_already_written += 1
+        return
     value, headers = dlq_record(msg.value, error, msg.topic, msg.partition, msg.offset,
                                 settings.dlq_copy_max_bytes, settings.dlq_excerpt_bytes)
     try:
@@ -103,15 +108,17 @@ async def send_to_dlq(msg, error: DecodeError) -> None:
         _dlq_failed(msg, error, exc)
         return
 
-    def refused(f: asyncio.Future[Any]) -> None:
+    def settled(f: asyncio.Future[Any]) -> None:
         failure = None if f.cancelled() else f.exception()
         if failure is not None:
             _dlq_failed(msg, error, failure)
+        elif not f.cancelled():
+            runtime.dlq_sent += 1
 
     # Not awaited (a flood of bad input must not run at one broker round trip per message):
     # a refusal arrives on the future and is counted there. Faust declares an Awaitable; the producer hands
     # back its asyncio Future, which ensure_future returns as is (typed as the Future it is).
-    asyncio.ensure_future(sent).add_done_callback(refused)
+    asyncio.ensure_future(sent).add_done_callback(settled)
 
 
 def _dlq_failed(msg, error: DecodeError, exc: BaseException) -> None:

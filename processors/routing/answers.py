@@ -132,18 +132,52 @@ class ClusterStats(msgspec.Struct):
     deliveries: dict[str, int | None]
 
 
+class DlqReadbackRun(msgspec.Struct):
+    """The last read of the DLQ at a restore (`kvpipe.processors.routing.dlqtail`)."""
+
+    partitions: list[int]  # the events partitions just restored
+    found: int  # DLQ records already written for messages their replay meets again
+    records_read: int  # DLQ records read to find them (every DLQ partition, since the restored snapshot)
+    capped_partitions: int  # DLQ partitions whose older records were left unread (MAX_RECORDS_PER_PARTITION)
+    dlq_partitions: int
+    ms: float  # the read's time, in the restore's
+    ts: float
+
+
+class DlqReadbackFailure(msgspec.Struct):
+    ts: float
+    partitions: list[int]
+    error: str
+
+
+class DlqReadback(msgspec.Struct):
+    """Reads of the DLQ at restore, so a replay after a crash writes no DLQ record twice
+    (`counters.dlq_already_written` counts the sends it skipped)."""
+
+    reads: int
+    errors: int  # reads that failed (their partitions' replays may write duplicates)
+    last_error: DlqReadbackFailure | None  # the latest failed read: when, for which partitions, why
+    records_read: int
+    found: int
+    pending: int  # source offsets known written that the replay has not met yet
+    last: DlqReadbackRun | None
+
+
 class RoutingStats(msgspec.Struct):
     """`GET /stats` of one routing worker (what `/metrics` exports too)."""
 
     processor_id: str
     uptime_s: float
     counters: dict[str, int]  # index and ingest counters by name: a mapping, as each feature adds its own
-    dlq_by_reason: dict[str, int]  # DLQ copies by reason (an open set: decode errors name their kind)
+    # bad messages this worker classified, by reason (an open set: decode errors name their kind). A message a
+    # replay meets again counts again; its DLQ record is written once (`counters.dlq_already_written`)
+    dlq_by_reason: dict[str, int]
     index: dict[str, dict[str, int]]  # group → medium → blocks held
     index_store: IndexStore
     nodes: NodeCounts
     freshness: dict[str, Freshness]  # by partition
     durability: DurabilityStats
+    dlq_readback: DlqReadback
     router: RouterStats
     cluster: ClusterStats
     # the native route server's report (native/src/serve.rs counters and latency histograms, plus its state):

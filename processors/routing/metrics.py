@@ -43,6 +43,9 @@ PLAIN = {
     "lifetimes": ("lifetimes_closed", "block lifetimes closed (a block's last copy removed)"),
     "agent_errors": ("agent_errors", "messages that broke the ingest path (a bug; sent to the DLQ)"),
     "dlq_send_errors": ("dlq_send_errors", "DLQ copies the broker refused or could not be sent"),
+    "dlq_sent": ("dlq_records_written", "DLQ copies the broker acknowledged"),
+    "dlq_already_written": ("dlq_already_written", "DLQ copies not sent because a replay after a restore met a "
+                            "bad message whose copy the DLQ already held (processors/routing/dlqtail.py)"),
 }
 NODE_TRANSITIONS = {"expired_nodes": "expired", "forgotten_nodes": "forgotten"}
 
@@ -83,8 +86,10 @@ def stats_families(s: dict[str, Any], prefix: str = "kvpipe_processor") -> Itera
         if key in c:
             yield CounterMetricFamily(f"{prefix}_{suffix}", help_text, value=c[key])
     # One DLQ family: the total is its sum (no unlabelled twin counting the same messages).
-    dlq = CounterMetricFamily(f"{prefix}_dlq_messages", "messages sent to the dead-letter topic, by reason",
-                              labels=["reason"])
+    # Classifications, not records: a bad message a replay meets again counts again (in a restarted worker, whose
+    # counters began at zero, once); its record is written once (dlq_already_written counts the skipped sends).
+    dlq = CounterMetricFamily(f"{prefix}_dlq_messages", "bad messages classified for the dead-letter topic, "
+                              "by reason", labels=["reason"])
     for reason, n in sorted(s["dlq_by_reason"].items()):
         dlq.add_metric([reason], n)
     yield dlq
@@ -131,6 +136,15 @@ def stats_families(s: dict[str, Any], prefix: str = "kvpipe_processor") -> Itera
         if d.get("snapshot_ok_ts"):
             yield GaugeMetricFamily(f"{prefix}_snapshot_last_success_timestamp_seconds",
                                     "when the last snapshot round succeeded (Unix time)", value=d["snapshot_ok_ts"])
+    readback = s.get("dlq_readback")
+    if readback:  # the DLQ read back at restore (processors/routing/dlqtail.py)
+        yield CounterMetricFamily(f"{prefix}_dlq_readback_records", "DLQ records read back at restores",
+                                  value=readback["records_read"])
+        yield CounterMetricFamily(f"{prefix}_dlq_readback_errors", "reads of the DLQ at restore that failed (the "
+                                  "replay may write duplicate DLQ copies)", value=readback["errors"])
+        if readback.get("last"):
+            yield GaugeMetricFamily(f"{prefix}_dlq_readback_last_duration_seconds", "time the last read of the DLQ "
+                                    "at restore took", value=readback["last"]["ms"] / 1000.0)
     inflight = s.get("router", {}).get("inflight")
     if inflight:  # the router's in-flight accounting (processors/router/inflight.py)
         requests = CounterMetricFamily(f"{prefix}_router_inflight_requests", "requests reported sent to a node, "

@@ -8,7 +8,7 @@ from collections import Counter
 
 from kvpipe.processors.routing.api import NODE_STATES, node_state
 from kvpipe.processors.routing.app import app, settings
-from kvpipe.processors.core.durability import Durability
+from kvpipe.processors.routing.dlqtail import AlreadyWritten, RoutingDurability
 from kvpipe.processors.core.appindex import index_from_settings
 from kvpipe.processors.core.ingest import Ingest
 from kvpipe.processors.routing.metrics import ProcessorMetrics
@@ -25,11 +25,18 @@ class Runtime:
                                  settings.route_inflight_max_entries)
         self.ingest = Ingest(self.index, settings.max_message_bytes, settings.max_clock_skew_s, self.inflight,
                              native_batches=True)
-        self.durability = Durability(self.ingest, settings.bootstrap(), settings.events_topic,
-                                     settings.snapshot_topic, settings.processor_id, settings.snapshot_timeout_s)
+        # DLQ records already written for messages a restore's replay meets again (processors/routing/dlqtail.py)
+        self.dlq_written = AlreadyWritten()
+        self.durability = RoutingDurability(self.ingest, settings.bootstrap(), settings.events_topic,
+                                            settings.snapshot_topic, settings.processor_id, settings.snapshot_timeout_s,
+                                            dlq_topic=settings.dlq_topic, written=self.dlq_written,
+                                            flush=lambda: app.producer.flush())
         self.started = time.time()
         self.agent_errors = 0
+        # DLQ sends: acknowledged, failed, and skipped because a replay met a message whose record was there
+        self.dlq_sent = 0
         self.dlq_send_errors = 0
+        self.dlq_already_written = 0
         self.metrics = ProcessorMetrics()  # /metrics (kvpipe.processors.routing.views); histograms observed where things happen
 
 
@@ -57,8 +64,8 @@ def collect_stats(rt: Runtime, highwater) -> dict:
     """Everything `/stats` and `/metrics` report. `highwater(partition)` → end offset or None."""
     now = time.time()
     ing = rt.ingest
-    counters = {**rt.index.counters, **ing.counters, "agent_errors": rt.agent_errors,
-                "dlq_send_errors": rt.dlq_send_errors}
+    counters = {**rt.index.counters, **ing.counters, "agent_errors": rt.agent_errors, "dlq_sent": rt.dlq_sent,
+                "dlq_send_errors": rt.dlq_send_errors, "dlq_already_written": rt.dlq_already_written}
     nodes = rt.index.nodes.values()
     freshness = {}
     for p, offset in sorted(ing.applied_offset.items()):
@@ -80,6 +87,7 @@ def collect_stats(rt: Runtime, highwater) -> dict:
         "nodes": {state: 0 for state in NODE_STATES} | Counter(node_state(n) for n in nodes),
         "freshness": freshness,
         "durability": rt.durability.stats,
+        "dlq_readback": {**rt.durability.dlq_tail, "pending": rt.dlq_written.entries()},
         "router": {"inflight": {**rt.inflight.counters, "entries": rt.inflight.entries,
                                 "nodes": len(rt.inflight.nodes())}},
     }

@@ -174,14 +174,18 @@ def dlq_end(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
-def wait_dlq(bootstrap: str, topic: str, count: int, timeout: float = 20.0) -> int:
-    """The DLQ's end offset once it reached `count` (the processor's sends are not awaited one by one),
-    then after a further second, so a late extra record is seen too."""
+def dlq_settled(processor, timeout: float = 20.0) -> dict:
+    """The routing app's /stats once every DLQ send it started was acknowledged, failed or skipped as already
+    written (sends are not awaited one by one): from then on the DLQ's end offset counts all of them."""
     deadline = time.monotonic() + timeout
-    while dlq_end(bootstrap, topic) < count and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(1.0)
-    return dlq_end(bootstrap, topic)
+    while True:
+        stats = processor.get("/stats")
+        c = stats["counters"]
+        if c["dlq_sent"] + c["dlq_send_errors"] + c["dlq_already_written"] == c["dlq"] + c["agent_errors"]:
+            return stats
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"DLQ sends not settled: {c}")
+        time.sleep(0.05)
 
 
 def test_each_bad_message_gets_one_dlq_record_from_the_routing_app_and_a_matching_count_in_analytics(
@@ -219,7 +223,9 @@ def test_each_bad_message_gets_one_dlq_record_from_the_routing_app_and_a_matchin
         want = {coords[i]: (m.value, m.reason) for i, m in enumerate(stream) if m.reason is not None}
         want_reasons = Counter(reason for _, reason in want.values())
         assert set(want_reasons) == set(ERROR_KINDS) and len(want) == len(stream) - GOOD_NODES * GOOD_STEPS
-        records = wait_dlq(kafka_bootstrap, session.dlq, len(want))
+        p_stats = dlq_settled(processor)
+        assert p_stats["counters"]["dlq_sent"] == len(want) and p_stats["counters"]["dlq_already_written"] == 0
+        records = dlq_end(kafka_bootstrap, session.dlq)
         dlq = read_all(kafka_bootstrap, session.dlq)
         assert records == len(dlq) == len(want), f"{len(dlq)} DLQ records for {len(want)} bad messages"
         seen: Counter = Counter()
