@@ -5,15 +5,17 @@ block lifetimes and the KV events they imply, generated inside the engine by `IN
 (this is the benchmark's own trusted path, not analyst SQL: it writes, and uses a table function), then times
 every query in infra/clickhouse/queries/ through `AnalystQueries` with the default `QueryLimits`: one warm-up,
 then the median of three. The target is under a second each. Also the re-store tracker's rebuild from the store
-(`tracker_rebuild`: the app's own query on assignment, not an analyst one).
+(`tracker_rebuild`: the app's own queries on assignment, the CPU tier's counts included; not analyst ones).
 
 The synthetic fleet: 8 nodes, one epoch, two KV cache groups (0 full attention, 1 sliding window), GPU and CPU
 media, a day of traffic. Each stored event carries 1..16 blocks (8.5 on average) drawn from a pool of recurring
 prefixes, so removed hashes are stored again later (reuse distance has matches); lifetimes are exponential, short
 for the sliding-window group, 95 % evicted, 4 % cleared, 1 % node_expired; each node reports its load once a
-second (`kv_node_load`, 691,200 rows, whatever `rows` is). Rows arrive in several parts per
-partition; timing starts once background merges have stopped (`settle`), with the parts they left (FINAL still
-has work to do, as in a store that ingests continuously).
+second (`kv_node_load`, 691,200 rows, whatever `rows` is). Each GPU store carries the count of its hashes the CPU
+tier held, as the analytics app writes it (`from_cpu_blocks`), computed from the generated events by its SQL
+definition (`cputier.event_counts_sql`; this fleet's prefixes never move between media, so it is 0). Rows arrive
+in several parts per partition; timing starts once background merges have stopped (`settle`), with the parts they
+left (FINAL still has work to do, as in a store that ingests continuously).
 
 Run: `python -c "from kvpipe.bench.saved_queries import main; main()" [rows]`; `main(["--fill", DSN, rows])`
 keeps a filled store, `main(["--compare", DSN, "--rounds", N, FILE, ...])` times query files on it in turn (old SQL
@@ -33,8 +35,10 @@ import click
 import clickhouse_connect
 
 from kvpipe.processors.analytics.chclient import client_kwargs
+from kvpipe.processors.analytics.cputier import event_counts_sql
 from kvpipe.processors.analytics.migrations import apply_migrations
 from kvpipe.processors.analytics.query import AnalystQueries, QueryLimits, SqlRequest, client_runner
+from kvpipe.processors.analytics.rows import EVENT_COLUMNS
 from kvpipe.processors.analytics.saved import SavedQuery, list_queries, load_query
 
 TARGET_S = 1.0
@@ -44,6 +48,7 @@ NODES = 8
 BLOCKS_PER_EVENT = 8.5  # mean of 1 + (i % 16)
 PREFIX_POOL = 200_000  # distinct block-hash sequences; stores draw from it, so hashes recur
 CAPACITY = 4096  # blocks per (node, group, medium) pool in the synthetic re-stores
+STAGING = "kv_events_bench_fill"  # the generated events before their CPU-tier counts (dropped after the fill)
 
 
 def fill(client: Any, rows: int) -> dict:
@@ -74,8 +79,13 @@ def fill(client: Any, rows: int) -> dict:
     stored_events = max(1, int(rows / BLOCKS_PER_EVENT))
     events = 2 * stored_events
     estep = DAY_S / events
+    # the events go through a staging table first: the analytics app writes each GPU store with the count of its
+    # hashes the CPU tier held (`from_cpu_blocks`, processors/analytics/cputier.py), so the store gets the same
+    # count, computed from the events by its SQL definition (`cputier.event_counts_sql`)
+    client.command(f"CREATE TABLE {STAGING} AS kv_events ENGINE = MergeTree "
+                   "ORDER BY (kafka_partition, kafka_offset, event_idx)")
     client.command(f"""
-        INSERT INTO kv_events (ts, ingest_ts, node_id, epoch, seq, dp_rank, group_idx, medium, kind, spec_kind,
+        INSERT INTO {STAGING} (ts, ingest_ts, node_id, epoch, seq, dp_rank, group_idx, medium, kind, spec_kind,
                                block_hashes, parent_hash, has_parent, num_blocks, num_tokens, block_size,
                                kafka_partition, kafka_offset, event_idx)
         SELECT
@@ -101,6 +111,16 @@ def fill(client: Any, rows: int) -> dict:
             toUInt32(0) AS event_idx
         FROM (SELECT number AS i FROM numbers({events}))
         SETTINGS max_memory_usage = 0""")
+    generated = [c for c in EVENT_COLUMNS if c != "from_cpu_blocks"]
+    client.command(f"""
+        INSERT INTO kv_events ({", ".join(generated)}, from_cpu_blocks)
+        SELECT {", ".join(f"e.{c}" for c in generated)},
+            if(e.medium = 'GPU' AND e.kind = 'stored', c.from_cpu_blocks, 0)
+        FROM {STAGING} AS e
+        LEFT JOIN ({event_counts_sql(STAGING)}) AS c
+            ON e.kafka_partition = c.kafka_partition AND e.kafka_offset = c.kafka_offset AND e.event_idx = c.event_idx
+        SETTINGS max_memory_usage = 0, join_use_nulls = 0""")
+    client.command(f"DROP TABLE {STAGING}")
     # as many re-stores as lifetimes (a store whose blocks keep coming back): stack distances spread around
     # the slot's pool of CAPACITY blocks, so the capacity curve has a real shape to compute
     client.command(f"""
@@ -165,7 +185,9 @@ def settle(client: Any, timeout_s: float = 180.0) -> dict:
 
 def tracker_rebuild(client: Any) -> dict:
     """Seconds to rebuild the re-store tracker of every partition from this store (what a restarted worker owning
-    them all runs on assignment: `restore_state`), split into the query and the rebuilding in Python."""
+    them all runs on assignment: `restore_state`), split into the query and the rebuilding in Python; the same for the
+    CPU tier's counts (`cpu_*`)."""
+    from kvpipe.processors.analytics.cputier import REBUILD_SQL, build_nodes
     from kvpipe.processors.analytics.restore_state import build_slots, restore_info, STATE_SQL
     from kvpipe.processors.analytics.restores import RestoreTracker
 
@@ -181,7 +203,18 @@ def tracker_rebuild(client: Any) -> dict:
     started = time.perf_counter()
     state = build_slots(columns, max_keys)
     build_s = time.perf_counter() - started
-    return {"query_s": round(query_s, 2), "build_s": round(build_s, 2), **restore_info(state)}
+    # the CPU tier's counts, rebuilt beside it (`restore_state.query_state` runs both)
+    started = time.perf_counter()
+    result = client.query(REBUILD_SQL, parameters={"partitions": parts, "offsets": [ends[p] for p in parts]},
+                          settings={"readonly": 1})
+    cpu_query_s = time.perf_counter() - started
+    started = time.perf_counter()
+    cpu = build_nodes(dict(zip(result.column_names, result.result_columns)))
+    cpu_build_s = time.perf_counter() - started
+    return {"query_s": round(query_s, 2), "build_s": round(build_s, 2), **restore_info(state),
+            "cpu_query_s": round(cpu_query_s, 2), "cpu_build_s": round(cpu_build_s, 2),
+            "cpu_copies": sum(len(held) for nodes in cpu.values() for n in nodes.values()
+                              for held in n.groups.values())}
 
 
 def _time_query(queries: AnalystQueries, request: SqlRequest, repeats: int = 3) -> tuple[list[float], int | str]:

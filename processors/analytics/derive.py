@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from kvpipe.processors.core import lifetimes as lifecols
 from kvpipe.processors.core.lifetimes import LifetimeColumns
+from kvpipe.processors.analytics.cputier import CapacityTracker
 from kvpipe.processors.analytics.restores import RestoreTracker, refine_reason_columns, refine_reasons
-from kvpipe.processors.analytics.rows import event_columns_of, group_kinds_of, load_row
+from kvpipe.processors.analytics.rows import FROM_CPU_AT, HASHES_AT, event_columns_of, group_kinds_of, load_row
 from kvpipe.processors.analytics.tables import EVENTS, LIFETIMES, LOADS, RESTORES, MessageRows
 from kvpipe.processors.core.index import APPLIED, Index
 from kvpipe.processors.core.ingest import Result
@@ -25,7 +26,8 @@ def message_rows(result: Result, partition: int, offset: int, index: Index, trac
                  now: float) -> MessageRows:
     """A message's rows by analytics table (`tables`: event columns, lifetimes, re-stores, load). Undecodable input yields none; a
     message not applied may still end lifetimes (its node's epoch moved on); only an applied one
-    (heartbeats too) reports load, as only an applied one moves the index's `node.load`.
+    (heartbeats too) reports load, as only an applied one moves the index's `node.load`. The app's tracker
+    (`cputier.CapacityTracker`) also counts each GPU store's CPU-tier copies (`from_cpu_blocks`).
 
     Lifetimes come as the index made them: `LifetimeRow`s (the reference) or `LifetimeColumns`
     (`Index(lifetimes="columns")`, the app's), derived column by column without a row object."""
@@ -46,6 +48,9 @@ def message_rows(result: Result, partition: int, offset: int, index: Index, trac
         for lt in result.lifetimes:
             lt.group_kind = kinds.get(lt.group_idx, ("", 0))[0]
     rows = event_columns_of(env, result.events, partition, offset, now, kinds)
+    if isinstance(tracker, CapacityTracker) and len(rows):  # otherwise not counted: NULL, the query's old way
+        cols = rows.columns
+        cols[FROM_CPU_AT] = tracker.cpu.observe(env, result.events, cols[HASHES_AT], partition)
     restores = tracker.observe(env, result.events, result.lifetimes, partition, offset, kinds) if tracker else []
     load = load_row(env, partition, offset)
     return {EVENTS: rows, LIFETIMES: result.lifetimes, RESTORES: restores, LOADS: [load] if load is not None else []}

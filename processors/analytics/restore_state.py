@@ -18,6 +18,10 @@ Why rebuilt from ClickHouse rather than carried in the snapshots (processors/cor
 - The same bound. The query keeps the `max_keys` most recently stored hashes per slot (`LIMIT n BY`), the
   ones the live tracker would remember, and `ended` only for those: memory is what the live tracker uses.
 
+The CPU tier's counts (`cputier`, the `from_cpu_blocks` of each GPU store) come back the same way and for the
+same reason: `query_state` also runs `cputier.REBUILD_SQL` (each node's CPU stores minus removals up to X) and
+returns them with the slots (`PartitionState`); the app's tracker installs both.
+
 What is not identical: a live stack forgets past `max_keys` only when it compacts, so between compactions it
 may still measure a distance of `max_keys` or more that the rebuilt one no longer can; `held` (blocks the
 slot holds) is taken from the restored index, which counts each cached hash once.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from kvpipe.processors.analytics import cputier
 from kvpipe.processors.analytics.restores import RestoreTracker, Slot, SlotKey
 from kvpipe.processors.analytics.stackdist import StackDistance
 from kvpipe.processors.core.index import GPU, Index
@@ -103,19 +108,36 @@ def build_slots(columns: dict[str, list], max_keys: int) -> dict[int, dict[SlotK
     return out
 
 
+class PartitionState(dict[SlotKey, Slot]):
+    """One partition's rebuilt slots, and `cpu`: its nodes' CPU-tier counts (`cputier`), which the app's tracker
+    (`cputier.CapacityTracker.install`) installs with them. A dict, so that callers that filter or compare the
+    slots keep working."""
+
+    cpu: dict[str, cputier.NodeCopies]
+
+    def __init__(self, slots: dict[SlotKey, Slot] | None = None,
+                 cpu: dict[str, cputier.NodeCopies] | None = None) -> None:
+        super().__init__(slots or {})
+        self.cpu = cpu if cpu is not None else {}
+
+
 def query_state(read: Callable[[str, dict], dict[str, list]], offsets: dict[int, int],
                 max_keys: int) -> dict[int, dict[SlotKey, Slot]]:
-    """The slots of these partitions as of these offsets (partition → last covered offset; < 0: none yet).
+    """The slots of these partitions as of these offsets (partition → last covered offset; < 0: none yet), each a
+    `PartitionState` with the CPU-tier counts too.
 
     `read(sql, parameters)` runs kvpipe's own SQL on the store and returns columns by name (the sink's
     `read_columns`). Runs in a worker thread: the query and the rebuilding take time, the result is installed
     on the event loop (`install`)."""
     covered = {p: x for p, x in offsets.items() if x >= 0}
-    out: dict[int, dict[SlotKey, Slot]] = {p: {} for p in offsets}
+    out: dict[int, dict[SlotKey, Slot]] = {p: PartitionState() for p in offsets}
     if covered:
         parts = sorted(covered)
-        columns = read(STATE_SQL, {"partitions": parts, "offsets": [covered[p] for p in parts], "max_keys": max_keys})
-        out.update(build_slots(columns, max_keys))
+        bounds = {"partitions": parts, "offsets": [covered[p] for p in parts]}
+        slots = build_slots(read(STATE_SQL, {**bounds, "max_keys": max_keys}), max_keys)
+        cpu = cputier.build_nodes(read(cputier.REBUILD_SQL, bounds))
+        for p in parts:
+            out[p] = PartitionState(slots.get(p), cpu.get(p))
     return out
 
 
@@ -136,4 +158,6 @@ def install(tracker: RestoreTracker, index: Index, state: dict[int, dict[SlotKey
 def restore_info(state: dict[int, dict[SlotKey, Any]]) -> dict[str, int]:
     return {"partitions": len(state), "slots": sum(map(len, state.values())),
             "hashes": sum(len(s.stack) for slots in state.values() for s in slots.values()),
-            "ended": sum(len(s.ended) for slots in state.values() for s in slots.values())}
+            "ended": sum(len(s.ended) for slots in state.values() for s in slots.values()),
+            "cpu_copies": sum(len(held) for slots in state.values() for node in getattr(slots, "cpu", {}).values()
+                              for held in node.groups.values())}

@@ -48,6 +48,8 @@ class EventRow(msgspec.Struct, gc=False):
     partition: int
     offset: int
     idx: int  # index of the event within the message
+    # of a GPU store's hashes, how many the node's CPU tier held (`cputier`); 0 on other events; None: not counted
+    from_cpu_blocks: int | None = None
 
 
 class LoadRow(msgspec.Struct, gc=False):
@@ -135,8 +137,11 @@ def event_rows(
 EVENT_COLUMNS = (
     "ts", "ingest_ts", "node_id", "epoch", "seq", "dp_rank", "group_idx", "medium", "kind", "spec_kind",
     "block_hashes", "parent_hash", "has_parent", "num_blocks", "num_tokens", "block_size",
-    "kafka_partition", "kafka_offset", "event_idx",
+    "kafka_partition", "kafka_offset", "event_idx", "from_cpu_blocks",
 )
+# Positions the derive step reads (the u64 hashes) and fills (the CPU-tier count) after `event_columns_of`.
+HASHES_AT = EVENT_COLUMNS.index("block_hashes")
+FROM_CPU_AT = EVENT_COLUMNS.index("from_cpu_blocks")
 LIFETIME_COLUMNS = (
     "node_id", "epoch", "group_idx", "medium", "block_hash", "stored_ts", "removed_ts", "lifetime_s", "reason",
     "kafka_partition", "kafka_offset", "event_idx", "copy_idx", "group_kind", "end_reason",
@@ -172,6 +177,7 @@ def event_columns(rows: list[EventRow]) -> list[list]:
         [r.partition for r in rows],
         [r.offset for r in rows],
         [r.idx for r in rows],
+        [r.from_cpu_blocks for r in rows],
     ]
 
 
@@ -316,5 +322,5 @@ def event_columns_of(env: Envelope, events: list[Event], partition: int, offset:
     return EventColumns([
         [_us(env.ts)] * n, [_us(ingest_ts)] * n, [env.node_id] * n, [env.epoch] * n, [env.seq] * n, [dp_rank] * n,
         group_c, medium_c, kind_c, spec_c, hashes_c, parent_c, has_parent_c, nblocks_c, ntokens_c, bsize_c,
-        [partition] * n, [offset] * n, list(range(n)),
+        [partition] * n, [offset] * n, list(range(n)), [None] * n,  # from_cpu_blocks: `derive` counts them
     ])

@@ -7,6 +7,7 @@ from typing import Any
 
 from kvpipe.processors.analytics.app import settings
 from kvpipe.processors.analytics.query import AnalystQueries, QueryLimits
+from kvpipe.processors.analytics.cputier import CapacityTracker
 from kvpipe.processors.analytics.restores import RestoreTracker
 from kvpipe.processors.analytics.sink import AnalyticsSink
 from kvpipe.processors.core.durability import Durability
@@ -38,8 +39,9 @@ class AnalyticsRuntime:
         # columns, no object per ended block (processors/core/lifetimes.py)
         self.index = index_from_settings(settings, "kvpipe analytics", lifetimes="columns")
         self.ingest = Ingest(self.index, settings.max_message_bytes, settings.max_clock_skew_s)
-        # re-stores and their stack distances (capacity curve); None: KVPIPE_ANALYTICS_CAPACITY=false
-        self.restores = RestoreTracker() if settings.analytics_capacity else None
+        # re-stores and their stack distances (capacity curve), and the CPU tier's copies (cpu_tier_hits);
+        # None: KVPIPE_ANALYTICS_CAPACITY=false (events then carry no CPU-tier count: the query's slower way)
+        self.restores: CapacityTracker | None = CapacityTracker() if settings.analytics_capacity else None
         self.durability = AnalyticsDurability(self.ingest, settings.bootstrap(), settings.events_topic,
                                               settings.analytics_snapshot_topic, settings.analytics_id,
                                               tracker=self.restores)
