@@ -118,7 +118,7 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
     from kvpipe.processors.analytics.derive import GC_THRESHOLDS, message_rows
     from kvpipe.processors.analytics.tables import RESTORES, TABLES, Table
     from kvpipe.processors.analytics.migrations import apply_migrations
-    from kvpipe.processors.analytics.restores import RestoreTracker
+    from kvpipe.processors.analytics.cputier import CapacityTracker
 
     client = clickhouse_connect.get_client(dsn=dsn, **client_kwargs(dsn))
     thresholds = gc.get_threshold()
@@ -127,7 +127,8 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
     try:
         apply_migrations(client)
         index = Index(ttl_s=None, lifetimes="columns")  # as the app's (processors/analytics/state.py)
-        ingest, tracker = Ingest(index, max_bytes), RestoreTracker() if capacity else None
+        # the app's tracker (processors/analytics/state.py): re-stores and the CPU tier's copies
+        ingest, tracker = Ingest(index, max_bytes), CapacityTracker() if capacity else None
         batches = {t.name: t.batch() for t in TABLES}
         written_restores = 0
 

@@ -21,7 +21,7 @@ from kvpipe.processors.core import lifetimes as lifecols
 from kvpipe.processors.analytics.derive import GC_THRESHOLDS, message_rows
 from kvpipe.processors.analytics.tables import EVENTS, LIFETIMES, RESTORES
 from kvpipe.processors.core.lifetimes import LifetimeColumns
-from kvpipe.processors.analytics.restores import RestoreTracker
+from kvpipe.processors.analytics.cputier import CapacityTracker
 from kvpipe.processors.analytics.rows import EventColumns, lifetime_columns, number_copies
 from kvpipe.processors.core.index import Index, LifetimesMode
 from kvpipe.processors.core.ingest import Ingest
@@ -42,7 +42,7 @@ def encoded_workload(steps: int, **workload: Any) -> list[bytes]:
 
 def run_once(mode: LifetimesMode, messages: list[bytes], batch_rows: int, max_bytes: int, capacity: bool = True) -> dict:
     index = Index(ttl_s=None, lifetimes=mode)
-    ingest, tracker = Ingest(index, max_bytes), RestoreTracker() if capacity else None
+    ingest, tracker = Ingest(index, max_bytes), CapacityTracker() if capacity else None
     columns = mode == "columns"
     events = EventColumns()
     pending: Any = LifetimeColumns() if columns else []
