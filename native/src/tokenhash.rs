@@ -7,8 +7,6 @@
 //! bytes or more, a frame past pickle's 64 KiB frame target) is left to the Python reference, and
 //! `tests/property/test_native_token_hash.py` holds the two equal.
 
-use sha2::{Digest, Sha256};
-
 const PROTO: u8 = 0x80;
 const FRAME: u8 = 0x95;
 const SHORT_BINBYTES: u8 = b'C';
@@ -26,22 +24,6 @@ const STOP: u8 = b'.';
 /// Pickle ends a frame once it reaches this size; a unit's payload must stay under it.
 const FRAME_TARGET: usize = 64 * 1024;
 
-#[inline]
-fn push_int(out: &mut Vec<u8>, t: i64) -> bool {
-    if (0..=0xff).contains(&t) {
-        out.extend_from_slice(&[BININT1, t as u8]);
-    } else if (0..=0xffff).contains(&t) {
-        out.push(BININT2);
-        out.extend_from_slice(&(t as u16).to_le_bytes());
-    } else if (i32::MIN as i64..=i32::MAX as i64).contains(&t) {
-        out.push(BININT);
-        out.extend_from_slice(&(t as i32).to_le_bytes());
-    } else {
-        return false;
-    }
-    true
-}
-
 /// The digests of every full `unit` of `tokens` chained from `parent`, or None when a unit falls
 /// outside the shape this module writes.
 pub fn sha256_chain(parent: &[u8], tokens: &[i64], unit: usize) -> Option<Vec<[u8; 32]>> {
@@ -58,33 +40,54 @@ pub fn sha256_chain(parent: &[u8], tokens: &[i64], unit: usize) -> Option<Vec<[u
     Some(out)
 }
 
-/// Units up to this many tokens are written on the stack and hashed block by block (`small_unit`).
-const SMALL_UNIT: usize = 32;
-/// 4 SHA-256 blocks: the header (13 bytes), a 32-byte parent, 32 ids of at most 5 bytes, the tail
-/// (6 bytes) and SHA's padding (at least 9 bytes) fit in 256.
-const SMALL_BYTES: usize = 256;
+/// Messages whose blocks fit in this many bytes are written on the stack (a 32-byte parent and up to
+/// ~40 ids: the header and tail are 19 bytes, an id at most 5, SHA's padding at least 9).
+const STACK_BYTES: usize = 256;
 const SHA256_INIT: [u32; 8] = [
     0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
 ];
 
-/// `unit_digest` for a unit of at most `SMALL_UNIT` ids and a 32-byte parent, the common case: the
-/// pickle and SHA's padding written into one stack buffer and compressed in place (no hasher state
-/// copying the message into its own block buffer). Half the time this path spends outside the
-/// compression itself went to building the message and to that copy.
-fn small_unit(prev: &[u8; 32], chunk: &[i64]) -> Option<[u8; 32]> {
-    let mut m = [0u8; SMALL_BYTES];
+/// The digest of one unit (`chunk`) chained from `prev` (under 256 bytes); `buf` holds the message
+/// when it does not fit on the stack. None when the unit falls outside the shape this module writes.
+///
+/// The pickle and SHA's padding are written into one buffer and compressed in place: no hasher state
+/// copying the message into a block buffer of its own (about half of what the hash cost beside the
+/// compression itself went to building the message and to that copy).
+pub fn unit_digest(buf: &mut Vec<u8>, prev: &[u8], chunk: &[i64]) -> Option<[u8; 32]> {
+    if chunk.is_empty() || prev.len() >= 256 {
+        return None;
+    }
+    // the longest message these ids can make, padded to whole blocks
+    let most = (13 + prev.len() + 2 + 5 * chunk.len() + 6 + 9).div_ceil(64) * 64;
+    if most <= STACK_BYTES {
+        let mut m = [0u8; STACK_BYTES];
+        let w = write_unit(&mut m, prev, chunk)?;
+        Some(compress_padded(&mut m, w))
+    } else {
+        buf.clear();
+        buf.resize(most, 0);
+        let w = write_unit(buf, prev, chunk)?;
+        Some(compress_padded(buf, w))
+    }
+}
+
+/// Pickle protocol 5 of `(prev, tuple(chunk), None)` into `m` (zeroed, long enough for 5 bytes an
+/// id), returning its length; None for an id past the 4-byte form or a frame past pickle's target.
+fn write_unit(m: &mut [u8], prev: &[u8], chunk: &[i64]) -> Option<usize> {
     m[..3].copy_from_slice(&[PROTO, 5, FRAME]);
     // m[3..11]: the frame's length, below
     m[11] = SHORT_BINBYTES;
-    m[12] = 32;
-    m[13..45].copy_from_slice(prev);
-    m[45] = MEMOIZE;
-    let mut w = 46;
+    m[12] = prev.len() as u8;
+    let mut w = 13 + prev.len();
+    m[13..w].copy_from_slice(prev);
+    m[w] = MEMOIZE;
+    w += 1;
     if chunk.len() > 3 {
         m[w] = MARK;
         w += 1;
     }
     for &t in chunk {
+        // each id in the narrowest of pickle's 1-, 2- and signed 4-byte forms
         if (0..=0xff).contains(&t) {
             m[w] = BININT1;
             m[w + 1] = t as u8;
@@ -109,13 +112,23 @@ fn small_unit(prev: &[u8; 32], chunk: &[i64]) -> Option<[u8; 32]> {
     };
     m[w + 1..w + 6].copy_from_slice(&[MEMOIZE, NONE, TUPLE3, MEMOIZE, STOP]);
     w += 6;
-    m[3..11].copy_from_slice(&((w - 11) as u64).to_le_bytes());
-    // SHA-256 padding: 0x80, zeros, the message's length in bits (big-endian) ending a block
+    let framed = w - 11;
+    if framed >= FRAME_TARGET {
+        return None;
+    }
+    m[3..11].copy_from_slice(&(framed as u64).to_le_bytes());
+    Some(w)
+}
+
+/// SHA-256 of the first `w` bytes of `m`, padded in place (`m` zeroed past `w`, long enough for the
+/// padding).
+fn compress_padded(m: &mut [u8], w: usize) -> [u8; 32] {
+    // 0x80, zeros, the message's length in bits (big-endian) ending a block
     m[w] = 0x80;
-    let blocks = (w + 9).div_ceil(64);
-    m[blocks * 64 - 8..blocks * 64].copy_from_slice(&((w as u64) * 8).to_be_bytes());
+    let end = (w + 9).div_ceil(64) * 64;
+    m[end - 8..end].copy_from_slice(&((w as u64) * 8).to_be_bytes());
     let mut state = SHA256_INIT;
-    for block in m[..blocks * 64].chunks_exact(64) {
+    for block in m[..end].chunks_exact(64) {
         sha2::compress256(
             &mut state,
             std::slice::from_ref(sha2::digest::generic_array::GenericArray::from_slice(block)),
@@ -125,82 +138,19 @@ fn small_unit(prev: &[u8; 32], chunk: &[i64]) -> Option<[u8; 32]> {
     for (o, word) in out.chunks_exact_mut(4).zip(state) {
         o.copy_from_slice(&word.to_be_bytes());
     }
-    Some(out)
-}
-
-/// The digest of one unit (`chunk`) chained from `prev` (under 256 bytes), written through `buf`;
-/// None when the unit falls outside the shape this module writes.
-pub fn unit_digest(buf: &mut Vec<u8>, prev: &[u8], chunk: &[i64]) -> Option<[u8; 32]> {
-    let unit = chunk.len();
-    if let (Ok(prev), 1..=SMALL_UNIT) = (<&[u8; 32]>::try_from(prev), unit) {
-        return small_unit(prev, chunk);
-    }
-    if unit == 0 || prev.len() >= 256 {
-        return None;
-    }
-    buf.clear();
-    buf.extend_from_slice(&[PROTO, 5, FRAME]);
-    buf.extend_from_slice(&[0; 8]); // the frame's length, filled in below
-    buf.extend_from_slice(&[SHORT_BINBYTES, prev.len() as u8]);
-    buf.extend_from_slice(prev);
-    buf.push(MEMOIZE);
-    if unit > 3 {
-        buf.push(MARK);
-    }
-    for &t in chunk {
-        if !push_int(buf, t) {
-            return None;
-        }
-    }
-    buf.push(match unit {
-        1 => TUPLE1,
-        2 => TUPLE2,
-        3 => TUPLE3,
-        _ => TUPLE,
-    });
-    buf.extend_from_slice(&[MEMOIZE, NONE, TUPLE3, MEMOIZE, STOP]);
-    let framed = buf.len() - 11;
-    if framed >= FRAME_TARGET {
-        return None;
-    }
-    buf[3..11].copy_from_slice(&(framed as u64).to_le_bytes());
-    Some(Sha256::digest(&buf[..]).into())
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest, Sha256};
 
-    /// The stack path against the general one (the pickle in a Vec, `Sha256::digest`), on ids of
-    /// every width and units of 1 to 40 tokens; the general one is held to Python's pickle by
-    /// `tests/property/test_native_token_hash.py`.
+    /// The padding and the compression in place against sha2's own hasher over the same message, on
+    /// stack and heap buffers and every id width (the message itself is held to Python's pickle by
+    /// `tests/property/test_native_token_hash.py`).
     #[test]
-    fn the_small_unit_path_equals_the_general_one() {
-        let general = |prev: &[u8], chunk: &[i64]| -> Option<[u8; 32]> {
-            let mut buf = Vec::new();
-            buf.extend_from_slice(&[PROTO, 5, FRAME, 0, 0, 0, 0, 0, 0, 0, 0, SHORT_BINBYTES]);
-            buf.push(prev.len() as u8);
-            buf.extend_from_slice(prev);
-            buf.push(MEMOIZE);
-            if chunk.len() > 3 {
-                buf.push(MARK);
-            }
-            for &t in chunk {
-                if !push_int(&mut buf, t) {
-                    return None;
-                }
-            }
-            buf.push(match chunk.len() {
-                1 => TUPLE1,
-                2 => TUPLE2,
-                3 => TUPLE3,
-                _ => TUPLE,
-            });
-            buf.extend_from_slice(&[MEMOIZE, NONE, TUPLE3, MEMOIZE, STOP]);
-            let framed = (buf.len() - 11) as u64;
-            buf[3..11].copy_from_slice(&framed.to_le_bytes());
-            Some(Sha256::digest(&buf).into())
-        };
+    fn the_digest_is_sha256_of_the_written_message() {
         let widths = [
             0i64,
             7,
@@ -214,8 +164,8 @@ mod tests {
             i32::MIN as i64,
         ];
         let mut seed = 0x1234_5678_9abc_def1u64;
-        for unit in 1..=40usize {
-            for round in 0..20 {
+        for unit in (1..=48usize).chain([200, 1000]) {
+            for round in 0..10 {
                 let chunk: Vec<i64> = (0..unit)
                     .map(|_| {
                         seed ^= seed << 13;
@@ -224,15 +174,23 @@ mod tests {
                         widths[(seed % widths.len() as u64) as usize] - (round % 3) as i64
                     })
                     .collect();
-                let prev = [round as u8; 32];
+                let prev = vec![round as u8; if round % 2 == 0 { 32 } else { 7 }];
+                let mut m = vec![0u8; 13 + prev.len() + 2 + 5 * unit + 6 + 72];
+                let Some(w) = write_unit(&mut m, &prev, &chunk) else {
+                    assert!(chunk
+                        .iter()
+                        .any(|&t| t < i32::MIN as i64 || t > i32::MAX as i64));
+                    continue;
+                };
+                let want: [u8; 32] = Sha256::digest(&m[..w]).into();
                 let mut buf = Vec::new();
                 assert_eq!(
                     unit_digest(&mut buf, &prev, &chunk),
-                    general(&prev, &chunk),
+                    Some(want),
                     "unit {unit}"
                 );
             }
         }
-        assert_eq!(small_unit(&[0; 32], &[1i64 << 40]), None);
+        assert_eq!(unit_digest(&mut Vec::new(), &[0; 32], &[1i64 << 40]), None);
     }
 }

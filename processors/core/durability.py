@@ -253,20 +253,39 @@ class SnapshotProducer:
                         timeout_s, exc)
 
 
-async def snapshot_reader(bootstrap: str):
-    """A group-less aiokafka consumer for reading snapshot partitions (the caller stops it)."""
+# How long a restore waits for an unreachable broker before the rebalance fails: a rebalance can land on the start
+# of an outage (the group's last heartbeat before the broker went), and the partitions cannot be consumed before the
+# broker is back anyway, so waiting loses nothing; crashing the worker did (RELIABILITY.md section 8).
+READER_WAIT_S = 120.0
+
+
+async def snapshot_reader(bootstrap: str, wait_s: float = READER_WAIT_S):
+    """A group-less aiokafka consumer for reading snapshot partitions (the caller stops it). An unreachable
+    broker is retried (kvpipe's one policy, `schemas/retrying.py`) for up to `wait_s`."""
     from aiokafka import AIOKafkaConsumer
+    from aiokafka.errors import KafkaConnectionError
+    from tenacity import retry_if_exception_type, stop_after_delay
 
     from kvpipe.processors.core.kafkaconf import aiokafka_kwargs
+    from kvpipe.schemas.retrying import async_retrying
     from kvpipe.schemas.settings import load_settings
 
-    # fetch_max_wait_ms: a fetch issued before our seek long-polls at the partition's end; with
-    # the default 500 ms every partition's restore waited that long for nothing.
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                                max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=16 * 1024 * 1024,
-                                fetch_max_wait_ms=10,
-                                **aiokafka_kwargs(load_settings()))  # TLS/SASL as the Faust app's own clients
-    await consumer.start()
+    kwargs = aiokafka_kwargs(load_settings())  # TLS/SASL as the Faust app's own clients
+    async for attempt in async_retrying(first_s=0.2, max_s=2.0, stop=stop_after_delay(wait_s), reraise=True,
+                                        retry=retry_if_exception_type(KafkaConnectionError)):
+        with attempt:
+            # fetch_max_wait_ms: a fetch issued before our seek long-polls at the partition's end; with
+            # the default 500 ms every partition's restore waited that long for nothing.
+            consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                                        max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=16 * 1024 * 1024,
+                                        fetch_max_wait_ms=10, **kwargs)
+            try:
+                await consumer.start()
+            except BaseException:
+                await consumer.stop()  # a client that never started still holds its connections' tasks
+                raise
+            if attempt.retry_state.attempt_number > 1:
+                log.warning("snapshot reader connected after %d attempts", attempt.retry_state.attempt_number)
     return consumer
 
 
