@@ -73,6 +73,33 @@ def list_topics(bootstrap: str, timeout: float = 10.0, internal: bool = False) -
             if internal or not name.startswith("__")}
 
 
+def _describe_configs(admin, specs: list[TopicSpec], timeout: float) -> list[dict]:
+    """Each topic's config entries. A topic just created (or created by a round whose answer was lost) may
+    not be known yet to the broker that answers: `UNKNOWN_TOPIC_OR_PART` until its metadata catches up with
+    the controller. That and the other answers of a settling cluster go again, within `timeout`."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    def once() -> list[dict]:
+        futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, s.name) for s in specs])
+        try:
+            return [fut.result(timeout=timeout) for fut in futures.values()]
+        except KafkaException as e:
+            err = e.args[0]
+            if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART or _settling(err):
+                raise _Settling(f"describing topic configs failed: {err.str()}") from e
+            raise
+
+    try:
+        for attempt in retrying.retrying(first_s=0.25, max_s=2.0, stop=stop_after_delay(timeout), reraise=True,
+                                         retry=retry_if_exception_type(_Settling)):
+            with attempt:
+                return once()
+    except _Settling as e:
+        raise InfraError(str(e)) from e
+    raise AssertionError("unreachable: tenacity either returns or raises")
+
+
 def _align_configs(admin, specs: list[TopicSpec], timeout: float) -> tuple[list[str], list[str]]:
     """Set the configs kvpipe needs on existing topics (every key here is one Kafka lets you change
     on a live topic). Returns `(altered topic names, problems)`: a change the cluster refuses (ACLs,
@@ -83,10 +110,8 @@ def _align_configs(admin, specs: list[TopicSpec], timeout: float) -> tuple[list[
     wanted = [s for s in specs if s.config]
     if not wanted:
         return [], []
-    resources = [ConfigResource(ResourceType.TOPIC, s.name) for s in wanted]
     altered, problems = [], []
-    for spec, fut in zip(wanted, admin.describe_configs(resources).values()):
-        entries = fut.result(timeout=timeout)
+    for spec, entries in zip(wanted, _describe_configs(admin, wanted, timeout)):
         wrong = {k: v for k, v in spec.config.items() if (entries[k].value if k in entries else None) != v}
         if not wrong:
             continue
