@@ -124,8 +124,12 @@ def _publisher_main(conn, kafka_conf: dict, topic: str, messages: list, rate_msg
 
 
 def paced_freshness(kafka_conf: dict, topic: str, messages: list[tuple[bytes, bytes]], rate_msgs: float,
-                    probes: Callable[[], Probes], probe_every_s: float) -> tuple[list[float], dict]:
+                    probes: Callable[[], Probes], probe_every_s: float,
+                    at: list[tuple[float, float | None]] | None = None) -> tuple[list[float], dict]:
     """Probe latencies (ms) while `messages` are published at `rate_msgs`; and the publisher's result.
+    `at`, if given, receives each probe's start (s since the publisher started) and the probe's `last_ack_ms`
+    (None if it has none), in the latencies' order: whether slow probes bunch (a pause somewhere) or spread (the
+    scheduler), and whether the broker or the processor took the time, shows there.
 
     The publisher is a process of its own (forked before the probes' client exists): in a thread it
     would share this process's GIL and add its switch interval to the probes' timings."""
@@ -135,6 +139,7 @@ def paced_freshness(kafka_conf: dict, topic: str, messages: list[tuple[bytes, by
                             name="bench-paced-publisher", daemon=True)
     publisher.start()
     send.close()
+    begun = time.perf_counter()
     probe = probes()
     latencies = []
     try:
@@ -142,6 +147,8 @@ def paced_freshness(kafka_conf: dict, topic: str, messages: list[tuple[bytes, by
         while publisher.is_alive():
             started = time.perf_counter()
             latencies.append(probe.once())
+            if at is not None:
+                at.append((started - begun, getattr(probe, "last_ack_ms", None)))
             rest = probe_every_s - (time.perf_counter() - started)
             if rest > 0:
                 time.sleep(rest)

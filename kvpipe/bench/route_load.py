@@ -445,6 +445,7 @@ class TokenProbes:
         self.path, self.headers = parts.path, {"Content-Type": "application/json", **headers}
         self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=PROBE_TIMEOUT_S)
         self.hasher = hasher_from_config(self.CONFIG)
+        self.last_ack_ms = 0.0
 
     def once(self, poll_pause_s: float = 0.0005) -> float:
         tokens = [900_000 + self.seq % 1000, *(zlib.crc32(f"{self.node}/{self.seq}/{i}".encode()) % 150_000
@@ -463,6 +464,7 @@ class TokenProbes:
         started = time.perf_counter()
         self.producer.produce(self.topic, value=encode_envelope(env), key=self.node.encode(), headers=PRODUCE_HEADERS)
         self.producer.flush(30)
+        self.last_ack_ms = (time.perf_counter() - started) * 1000  # the broker's part of the probe
         while True:
             self.conn.request("POST", self.path, body=body, headers=self.headers)
             answer = msgspec.json.decode(self.conn.getresponse().read())
@@ -576,15 +578,16 @@ def _step(rig: _Rig, connections: int, ingest: IngestSource | None, probes: Prob
     if ingest is not None:  # generated before the clock starts
         messages = ingest.take(max(1, round(args.ingest_rate * duration / args.ingest_events)))
     stats0 = proc.get("/stats")
-    cpu0, host0, t0 = rig.cpu_s(), _host(), time.perf_counter()
+    cpu0, host0, t0, wall0 = rig.cpu_s(), _host(), time.perf_counter(), time.time()
     popen, out = rig.start_wrk(connections, duration)
     latencies: list[float] = []
+    probe_at: list[tuple[float, float | None]] = []
     sent: dict = {}
     try:
         if ingest is not None:
             rate_msgs = args.ingest_rate / args.ingest_events
             latencies, sent = paced_freshness(rig.kafka_conf, rig.topic, messages, rate_msgs, probes.open,
-                                              args.probe_every_ms / 1000)
+                                              args.probe_every_ms / 1000, at=probe_at)
     except BaseException:
         popen.kill()
         popen.wait(30)
@@ -631,6 +634,14 @@ def _step(rig: _Rig, connections: int, ingest: IngestSource | None, probes: Prob
         row["published_events_per_s"] = round(len(messages) * args.ingest_events / sent["seconds"]) \
             if sent.get("seconds") else None
         row["freshness_ms"] = summary(latencies)
+        d0, d1 = stats0.get("durability", {}), stats1.get("durability", {})
+        row["snapshots_during_step"] = d1.get("snapshots", 0) - d0.get("snapshots", 0)
+        row["snapshot_export_ms_last"] = d1.get("snapshot_export_ms_last")  # the event loop held that long
+        row["step_started_unix_s"] = round(wall0, 3)  # to find the slow probes' moments in the broker's log
+        # the five slowest probes, [s into the step, ms, ms of it until the broker acknowledged (token probes)]:
+        # bunched = a pause somewhere, spread = the scheduler
+        row["freshness_slowest"] = sorted(([round(t, 2), round(ms, 1), *([round(a, 1)] if a is not None else [])]
+                                           for (t, a), ms in zip(probe_at, latencies)), key=lambda p: -p[1])[:5]
         row["_latencies"] = latencies
     return row
 

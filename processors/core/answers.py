@@ -42,6 +42,7 @@ class DurabilityStats(msgspec.Struct):
 
     snapshots: int
     snapshot_ms_last: float
+    snapshot_export_ms_last: float  # the longest partition export of the last snapshot: ingest waited that long
     snapshot_bytes_last: int
     restores: list[RestoreRecord]  # the latest 16
     restore_errors: int

@@ -62,7 +62,8 @@ class Durability:
         # full or failed log dir, a lost leader) fails, counted, instead of holding the lock — and
         # with it every later snapshot and the rebalance hooks — until the producer gives up.
         self.timeout_s = timeout_s
-        self.stats: dict[str, Any] = {"snapshots": 0, "snapshot_ms_last": 0.0, "snapshot_bytes_last": 0,
+        self.stats: dict[str, Any] = {"snapshots": 0, "snapshot_ms_last": 0.0, "snapshot_export_ms_last": 0.0,
+                                      "snapshot_bytes_last": 0,
                                       "restores": [], "restore_errors": 0, "snapshot_errors": 0,
                                       "snapshot_last_error": None, "snapshot_ok_ts": 0.0}
         self._lock = asyncio.Lock()  # one snapshot/restore at a time: they share `last_gen`
@@ -87,12 +88,15 @@ class Durability:
     async def _snapshot(self, topic, partitions: list[int], flush) -> None:
         started = time.perf_counter()
         taken = []
+        export_ms = 0.0
         for p in partitions:
             offset = self.ingest.applied_offset.get(p)
             if offset is None:
                 continue  # nothing consumed yet: nothing to cover
             gen = time.time_ns()
+            t0 = time.perf_counter()
             chunks, nodes, blocks = export_partition(self.ingest.index, p, gen)
+            export_ms = max(export_ms, (time.perf_counter() - t0) * 1000)
             manifest = Manifest(FORMAT, self.events_topic, p, gen, len(chunks), offset,
                                 self.ingest.stream_ts.get(p, 0.0), time.time(), self.processor_id, nodes, blocks)
             taken.append((p, gen, chunks, manifest))
@@ -113,6 +117,7 @@ class Durability:
             self.last_gen[p] = (gen, len(chunks))
         self.stats["snapshots"] += len(taken)
         self.stats["snapshot_ms_last"] = round((time.perf_counter() - started) * 1000, 1)
+        self.stats["snapshot_export_ms_last"] = round(export_ms, 1)
         self.stats["snapshot_bytes_last"] = size
         self.stats["snapshot_ok_ts"] = time.time()
 

@@ -126,6 +126,9 @@ def stats_families(s: dict[str, Any], prefix: str = "kvpipe_processor") -> Itera
     yield CounterMetricFamily(f"{prefix}_snapshots", "partition snapshots written", value=d["snapshots"])
     yield GaugeMetricFamily(f"{prefix}_snapshot_last_duration_seconds", "time the last snapshot round took",
                             value=d["snapshot_ms_last"] / 1000.0)
+    if "snapshot_export_ms_last" in d:  # the loop is held for the export: ingest and web requests wait that long
+        yield GaugeMetricFamily(f"{prefix}_snapshot_last_export_seconds", "longest partition export of the last "
+                                "snapshot round (ingest waited that long)", value=d["snapshot_export_ms_last"] / 1000.0)
     yield GaugeMetricFamily(f"{prefix}_snapshot_last_size_bytes", "bytes the last snapshot round wrote",
                             value=d["snapshot_bytes_last"])
     yield CounterMetricFamily(f"{prefix}_snapshot_restore_errors", "snapshots that could not be restored "

@@ -20,7 +20,8 @@ def _stats() -> dict:
             "nodes": {"healthy": 1, "partial": 0, "suspect": 1, "expired": 0},
             "freshness": {"0": {"offset": 9, "behind": 4, "lag_s": 0.5, "since_apply_s": 0.1},
                           "1": {"offset": 0, "behind": None, "lag_s": None, "since_apply_s": None}},
-            "durability": {"snapshots": 3, "snapshot_ms_last": 12.5, "snapshot_bytes_last": 2048,
+            "durability": {"snapshots": 3, "snapshot_ms_last": 12.5, "snapshot_export_ms_last": 4.0,
+                           "snapshot_bytes_last": 2048,
                            "restores": [], "restore_errors": 0, "snapshot_errors": 2, "snapshot_ok_ts": 1.7e9},
             "router": {"inflight": {"sent": 4, "finished": 3, "expired": 0, "evicted": 0, "confirmed": 9,
                                     "entries": 12, "nodes": 1}}}
@@ -59,6 +60,7 @@ def test_processor_exposition_parses_with_labelled_families():
     assert samples[("kvpipe_processor_partition_lag_messages", (("partition", "0"),))] == 4
     assert ("kvpipe_processor_partition_lag_messages", (("partition", "1"),)) not in samples  # unknown, not 0
     assert samples[("kvpipe_processor_snapshot_last_duration_seconds", ())] == 0.0125
+    assert samples[("kvpipe_processor_snapshot_last_export_seconds", ())] == 0.004
     assert samples[("kvpipe_processor_snapshot_last_size_bytes", ())] == 2048
     assert samples[("kvpipe_processor_snapshots_total", ())] == 3
     assert samples[("kvpipe_processor_snapshot_errors_total", ())] == 2
