@@ -92,6 +92,14 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         "how fetched events reach the index: `batch` (a partition's fetched run per call, "
         "processors/core/batchdelivery.py) or `message` (one at a time through Faust's stream; the "
         "fallback)")] = "batch"
+    fetch_min_bytes: Annotated[int, msgspec.Meta(ge=1), Doc(
+        "both apps' event fetches: the broker answers once this many bytes are there, or after "
+        "`fetch_max_wait_ms`. Each fetch costs the app's Python a fixed ~0.1 ms, so under load fewer, fuller "
+        "fetches free CPU (the routing app ingesting 100 k events/s: ~0.54 cores instead of ~0.74); 1: answer as "
+        "soon as anything arrives (Faust's default)")] = 16384
+    fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0, le=10_000), Doc(
+        "the longest the broker holds a fetch for `fetch_min_bytes`: what an event may wait at a quiet "
+        "moment before the app sees it")] = 2
 
     # analytics app (`kvpipe analytics`): its own Faust app and consumer group on the events topic
     analytics_id: Annotated[str, Doc("the analytics app's Faust id, which is its consumer group")] = "kvpipe-analytics"

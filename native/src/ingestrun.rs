@@ -10,12 +10,21 @@
 //! `Ingest.handle` and starts the next run after it. Nothing here keeps state between calls: each
 //! call reads the nodes it meets from their `NodeState`s and returns what changed per node.
 
+use std::sync::RwLockWriteGuard;
+use std::time::{Duration, Instant};
+
 use crate::batch::{Parsed, CLEARED, STORED};
 use crate::envelope;
-use crate::IndexStore;
+use crate::{store, IndexStore};
 use hashbrown::HashMap;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+
+/// How long a run keeps the store's write lock before it lets the route server's readers in: taken once per
+/// event, the lock was asked for ~100 k times a second at 100 k events/s, and each ask behind a route's read
+/// put this thread (holding the GIL) to sleep until the scheduler woke it; on busy cores that added up to tens of
+/// ms before an event was routable. Held across envelopes, a reader waits at most this plus one envelope.
+const WRITE_SLICE: Duration = Duration::from_micros(200);
 
 /// A node met in this run: what its `NodeState` said, then what the run changed.
 struct NodeRun {
@@ -207,7 +216,15 @@ pub fn ingest_run(
     let mut error = None;
     let n = records.len();
     let mut i = start;
+    // the store's write lock, taken at the run's first event and let go every WRITE_SLICE (between envelopes)
+    let mut held: Option<(RwLockWriteGuard<'_, store::Store>, Instant)> = None;
     while i < n {
+        if held
+            .as_ref()
+            .is_some_and(|(_, since)| since.elapsed() >= WRITE_SLICE)
+        {
+            held = None;
+        }
         let r = ok!(records.get_item(i));
         let Ok(p) = r.getattr(a_partition).and_then(|v| v.extract::<i64>()) else {
             break;
@@ -333,10 +350,13 @@ pub fn ingest_run(
             node.heartbeats += 1;
         } else {
             node.events += events as u64;
+            let st = &mut held
+                .get_or_insert_with(|| (crate::pystore::write(&core.inner), Instant::now()))
+                .0;
             for (ev, &sid) in parsed.events.iter().zip(&sids) {
                 let keys = &parsed.keys[ev.start..ev.end];
                 if ev.kind == STORED {
-                    match crate::pystore::write(&core.inner).store(sid, keys, env.ts, cap) {
+                    match st.store(sid, keys, env.ts, cap) {
                         Ok((kept, refused)) => {
                             node.stored += kept as u64;
                             if refused > 0 {
@@ -346,7 +366,7 @@ pub fn ingest_run(
                         Err(e) => error = Some(e),
                     }
                 } else {
-                    match crate::pystore::write(&core.inner).remove(sid, keys) {
+                    match st.remove(sid, keys) {
                         Ok(rm) => {
                             node.removed += rm.removed as u64;
                             node.unknown += rm.unknown as u64;
@@ -375,6 +395,7 @@ pub fn ingest_run(
             break;
         }
     }
+    drop(held);
     let changed = runs
         .into_iter()
         .filter(|r| r.envelopes > 0)

@@ -55,7 +55,7 @@ app = faust.App(
 )
 
 webauth.install(app, settings)  # bearer token on /sql, /stats, /metrics; Faust's own pages off
-fastpath.install(app)
+fastpath.install(app, (settings.fetch_min_bytes, settings.fetch_max_wait_ms))  # fuller fetches under load
 
 # -- topics: values stay raw bytes (decoding is ours, `kvpipe.schemas.codec`) --------------------------------
 

@@ -218,12 +218,11 @@ class BatchDrainConsumer(fastpath.FastDrainConsumer):
                 self._read_offset[tp] = offset
 
 
-def install(app: faust.App, handlers: dict[str, BatchHandler]) -> bool:
-    """Give `app` the batch-delivering transport, `handlers` by topic name (before anything creates
-    its consumer). Returns False, leaving the app as it was, where `fastpath` would not install."""
+def install(app: faust.App, handlers: dict[str, BatchHandler], fetch: tuple[int, int] | None = None) -> bool:
+    """Give `app` the batch-delivering transport, `handlers` by topic name, fetching with `fetch` (as
+    `fastpath.install`), before anything creates its consumer. Returns False, leaving the app as it was,
+    where `fastpath` would not install."""
     if not fastpath.supported(app):
         return False
-    consumer_cls = type("AppBatchDrainConsumer", (BatchDrainConsumer,), {"batch_handlers": handlers})
-    transport_cls = type("AppBatchDrainTransport", (fastpath.FastDrainTransport,), {"Consumer": consumer_cls})
-    app.transport = transport_cls(app.conf.broker_consumer, app)
+    app.transport = fastpath.transport_for(app, BatchDrainConsumer, fetch, batch_handlers=handlers)
     return True

@@ -49,10 +49,37 @@ log = logging.getLogger(__name__)
 SUPPORTED_FAUST = ("0.15.3",)
 
 
+class FetchTunedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread, with the fetch sizing of `consumer.fetch` (Faust's own consumer has no setting for
+    it: it asks with `fetch_min_bytes` 1 and a 1.5 s wait, so under load the broker answers every fetch with
+    whatever has arrived, a few messages, and the app pays a fetch's fixed Python cost each time; the settings
+    `fetch_min_bytes`/`fetch_max_wait_ms` say why)."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        fetch = getattr(self.consumer, "fetch", None)
+        if fetch is not None:  # read by aiokafka when it starts the consumer (its Fetcher), which is later
+            consumer._fetch_min_bytes, consumer._fetch_max_wait_ms = fetch
+        return consumer
+
+
+def fetch_in_effect(consumer: Any) -> dict[str, int]:
+    """The fetch sizing the running client's fetcher uses (what `/stats` shows); empty before it starts."""
+    fetcher = getattr(getattr(getattr(consumer, "_thread", None), "_consumer", None), "_fetcher", None)
+    if fetcher is None:
+        return {}
+    return {"fetch_min_bytes": fetcher._fetch_min_bytes, "fetch_max_wait_ms": fetcher._fetch_max_wait_ms}
+
+
 class FastDrainConsumer(faust_aiokafka.Consumer):
     # how many messages took the direct call vs Faust's wait_first (shown in /stats)
     direct_deliveries = 0
     waited_deliveries = 0
+    # (fetch_min_bytes, fetch_max_wait_ms) for the worker's consumer, set per app by `install`; None: Faust's
+    fetch: tuple[int, int] | None = None
+
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return FetchTunedConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - exercised by the worker
         callback = self.callback
@@ -155,10 +182,20 @@ def supported(app: faust.App) -> bool:
     return app.conf.broker_consumer[0].scheme.startswith("kafka")
 
 
-def install(app: faust.App) -> bool:
-    """Give `app` the fast-drain transport (before anything creates its consumer). Returns False
-    and leaves Faust's transport in place on a Faust version this was not checked against."""
+def install(app: faust.App, fetch: tuple[int, int] | None = None) -> bool:
+    """Give `app` the fast-drain transport (before anything creates its consumer), its consumer fetching with
+    `fetch` = (fetch_min_bytes, fetch_max_wait_ms) if given. Returns False and leaves Faust's transport in
+    place on a Faust version this was not checked against."""
     if not supported(app):
         return False
-    app.transport = FastDrainTransport(app.conf.broker_consumer, app)
+    app.transport = transport_for(app, FastDrainConsumer, fetch)
     return True
+
+
+def transport_for(app: faust.App, consumer_base: type[FastDrainConsumer], fetch: tuple[int, int] | None,
+                  **attrs: Any) -> FastDrainTransport:
+    """A transport for `app` whose consumer is a subclass of `consumer_base` of its own (apps do not share
+    class attributes) with `fetch` and `attrs`."""
+    consumer_cls = type(f"App{consumer_base.__name__}", (consumer_base,), {"fetch": fetch, **attrs})
+    transport_cls = type(f"App{consumer_base.__name__}Transport", (FastDrainTransport,), {"Consumer": consumer_cls})
+    return transport_cls(app.conf.broker_consumer, app)

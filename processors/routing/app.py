@@ -49,5 +49,6 @@ webauth.install(app, settings)
 # "message", or a Faust version that was not checked: one at a time through the agent's stream, without
 # Faust's two tasks per message (kvpipe.processors.core.fastpath).
 batch_handlers: dict[str, batchdelivery.BatchHandler] = {}
-if not (settings.processor_delivery == "batch" and batchdelivery.install(app, batch_handlers)):
-    fastpath.install(app)
+fetch = (settings.fetch_min_bytes, settings.fetch_max_wait_ms)
+if not (settings.processor_delivery == "batch" and batchdelivery.install(app, batch_handlers, fetch)):
+    fastpath.install(app, fetch)

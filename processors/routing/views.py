@@ -16,7 +16,7 @@ from faust.types import TP
 
 from kvpipe.processors.router import serving
 from kvpipe.processors.routing import routeserve, scatter
-from kvpipe.processors.core import webauth
+from kvpipe.processors.core import fastpath, webauth
 from kvpipe.processors.core.httpbody import ApiError
 from kvpipe.processors.core.signals import connect
 from kvpipe.processors.routing import apidoc
@@ -257,7 +257,7 @@ def cluster_stats() -> ClusterStats:
                         # records, records left for the re-fetch after a rebalance
                         deliveries={"direct": getattr(consumer, "direct_deliveries", None),
                                     "waited": getattr(consumer, "waited_deliveries", None),
-                                    **getattr(consumer, "batch_stats", {})})
+                                    **getattr(consumer, "batch_stats", {}), **fastpath.fetch_in_effect(consumer)})
 
 
 def stats_mapping() -> dict[str, Any]:

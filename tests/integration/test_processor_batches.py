@@ -175,7 +175,8 @@ def test_batches_apply_each_message_once_in_order_and_every_snapshot_covers_exac
     producer = Producer(client_config(kafka_bootstrap, **{"enable.idempotence": True}))
     fleet = Fleet(producer, topics.events)
     env = topics.env(f"kvpipe-batch-{topics.tag}", free_port(), str(tmp_path / "state"),
-                     KVPIPE_PROCESSOR_DELIVERY="batch", KVPIPE_SNAPSHOT_EVERY_S="0.3", KVPIPE_NODE_TTL_S="3600")
+                     KVPIPE_PROCESSOR_DELIVERY="batch", KVPIPE_SNAPSHOT_EVERY_S="0.3", KVPIPE_NODE_TTL_S="3600",
+                     KVPIPE_FETCH_MIN_BYTES="4096", KVPIPE_FETCH_MAX_WAIT_MS="7")
     proc = ProcessorProcess(env, tmp_path / "processor.log")
     try:
         # The backlog, there before the worker starts: long runs per partition.
@@ -191,6 +192,8 @@ def test_batches_apply_each_message_once_in_order_and_every_snapshot_covers_exac
         proc.start()
         deliveries = proc.wait_offsets(backlog, timeout=90)["cluster"]["deliveries"]
         assert deliveries["batches"] < sum(backlog.values()) / 10, f"the backlog goes in runs, not one by one: {deliveries}"
+        # the fetch sizing of the settings is what the running client's fetcher uses
+        assert (deliveries["fetch_min_bytes"], deliveries["fetch_max_wait_ms"]) == (4096, 7)
         # Then a stream while the worker runs and snapshots every 0.3 s.
         for _ in range(25):
             fleet.round()
