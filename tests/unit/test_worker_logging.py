@@ -1,6 +1,6 @@
 """The Faust worker both apps run (kvpipe.processors.core.appcli.make_worker) keeps the root logger at the level
 asked for. Faust's own default, at WARN and above, adds its terminal spinner's handler and sets the root logger to
-DEBUG for good: every `log.debug` of aiokafka then built a record (~12 % of the routing app's CPU at 100 k events/s)."""
+DEBUG for good: every `log.debug` of aiokafka then built a record nobody wrote."""
 from __future__ import annotations
 
 import logging
