@@ -66,9 +66,9 @@ class FetchTunedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 def fetch_in_effect(consumer: Any) -> dict[str, int]:
     """The fetch sizing the running client's fetcher uses (what `/stats` shows); empty before it starts."""
     fetcher = getattr(getattr(getattr(consumer, "_thread", None), "_consumer", None), "_fetcher", None)
-    if fetcher is None:
-        return {}
-    return {"fetch_min_bytes": fetcher._fetch_min_bytes, "fetch_max_wait_ms": fetcher._fetch_max_wait_ms}
+    sizing = {"fetch_min_bytes": getattr(fetcher, "_fetch_min_bytes", None),
+              "fetch_max_wait_ms": getattr(fetcher, "_fetch_max_wait_ms", None)}
+    return {k: v for k, v in sizing.items() if isinstance(v, int)}  # nothing from a client built differently
 
 
 class FastDrainConsumer(faust_aiokafka.Consumer):
