@@ -93,14 +93,14 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         "processors/core/batchdelivery.py) or `message` (one at a time through Faust's stream; the "
         "fallback)")] = "batch"
     fetch_min_bytes: Annotated[int, msgspec.Meta(ge=1), Doc(
-        "both apps' event fetches: the broker answers once this many bytes are there, or after "
-        "`fetch_max_wait_ms`. 1 (Faust's own): answer as soon as anything arrives. Each fetch costs the app's "
-        "Python a fixed ~0.1 ms, so on a busy app fuller fetches free CPU (16384 with a 2 ms wait: the routing "
-        "app ingesting 100 k events/s took ~0.54 cores instead of ~0.74), but a quiet app then polls every "
-        "`fetch_max_wait_ms` (idle: 0.14 cores instead of 0.006)")] = 1
+        "both apps' event fetches while events flow: the broker answers once this many bytes are there, or after "
+        "`fetch_max_wait_ms`. Each fetch costs the app's Python a fixed ~0.1 ms, so fuller fetches free CPU on a "
+        "busy app (the routing app ingesting 100 k events/s: ~0.54 cores instead of ~0.74). Once a fetch comes "
+        "back empty the next ones answer on the first byte again (Faust's own sizing), so a quiet app does not "
+        "poll. 1: always Faust's sizing")] = 16384
     fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0, le=10_000), Doc(
-        "the longest the broker holds a fetch for `fetch_min_bytes` (Faust's own: 1500); with a larger "
-        "`fetch_min_bytes`, what an event may wait at a quiet moment before the app sees it")] = 1500
+        "the longest the broker holds a fetch for `fetch_min_bytes` while events flow: what an event may wait "
+        "beyond its arrival")] = 2
 
     # analytics app (`kvpipe analytics`): its own Faust app and consumer group on the events topic
     analytics_id: Annotated[str, Doc("the analytics app's Faust id, which is its consumer group")] = "kvpipe-analytics"

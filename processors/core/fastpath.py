@@ -49,26 +49,57 @@ log = logging.getLogger(__name__)
 SUPPORTED_FAUST = ("0.15.3",)
 
 
-class FetchTunedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread, with the fetch sizing of `consumer.fetch` (Faust's own consumer has no setting for
-    it: it asks with `fetch_min_bytes` 1 and a 1.5 s wait, so under load the broker answers every fetch with
-    whatever has arrived, a few messages, and the app pays a fetch's fixed Python cost each time; the settings
-    `fetch_min_bytes`/`fetch_max_wait_ms` say why)."""
+# Faust's own fetch sizing: the broker answers on the first byte, so a quiet topic costs nothing
+QUIET_SIZING = (1, 1500)
 
-    def _create_worker_consumer(self, transport: Any) -> Any:
-        consumer = super()._create_worker_consumer(transport)
-        fetch = getattr(self.consumer, "fetch", None)
-        if fetch is not None:  # read by aiokafka when it starts the consumer (its Fetcher), which is later
-            consumer._fetch_min_bytes, consumer._fetch_max_wait_ms = fetch
-        return consumer
+
+def next_sizing(had_data: bool, busy: tuple[int, int]) -> tuple[int, int]:
+    """The (fetch_min_bytes, fetch_max_wait_ms) of the next fetch: `busy` while fetches come back with records, Faust's
+    own once one comes back empty. Full-sized fetches spare a busy app a fetch's fixed cost per few messages; on a
+    quiet topic they would poll every wait (an idle routing app: 0.14 cores instead of 0.006, BENCHMARKS.md)."""
+    return busy if had_data else QUIET_SIZING
+
+
+def follow_load(fetcher: Any, busy: tuple[int, int]) -> dict[str, int]:
+    """Make aiokafka's `fetcher` size each fetch by `next_sizing` of the one before (it reads its two attributes when
+    it builds a request). Returns the counts it keeps: fetches answered with records and without."""
+    counts = {"fetches_with_records": 0, "fetches_empty": 0}
+    fetch = fetcher._proc_fetch_request
+
+    async def fetch_then_size(assignment: Any, node_id: Any, request: Any) -> Any:
+        had_data = await fetch(assignment, node_id, request)
+        counts["fetches_with_records" if had_data else "fetches_empty"] += 1
+        fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms = next_sizing(bool(had_data), busy)
+        return had_data
+
+    fetcher._proc_fetch_request = fetch_then_size
+    fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms = QUIET_SIZING
+    return counts
+
+
+class FetchTunedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread, its fetches sized by `follow_load` with the consumer's `fetch` (Faust's consumer has no
+    setting for it; the settings `fetch_min_bytes`/`fetch_max_wait_ms` say why)."""
+
+    fetch_counts: dict[str, int] | None = None
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        busy = getattr(self.consumer, "fetch", None)
+        fetcher = getattr(self._consumer, "_fetcher", None)  # made by aiokafka's start
+        if busy is not None and fetcher is not None and hasattr(fetcher, "_proc_fetch_request"):
+            self.fetch_counts = follow_load(fetcher, busy)
 
 
 def fetch_in_effect(consumer: Any) -> dict[str, int]:
-    """The fetch sizing the running client's fetcher uses (what `/stats` shows); empty before it starts."""
-    fetcher = getattr(getattr(getattr(consumer, "_thread", None), "_consumer", None), "_fetcher", None)
+    """The sizing the running client's next fetch uses and the fetch counts (what `/stats` shows); empty before it
+    starts, or from a client built differently."""
+    thread = getattr(consumer, "_thread", None)
+    fetcher = getattr(getattr(thread, "_consumer", None), "_fetcher", None)
     sizing = {"fetch_min_bytes": getattr(fetcher, "_fetch_min_bytes", None),
-              "fetch_max_wait_ms": getattr(fetcher, "_fetch_max_wait_ms", None)}
-    return {k: v for k, v in sizing.items() if isinstance(v, int)}  # nothing from a client built differently
+              "fetch_max_wait_ms": getattr(fetcher, "_fetch_max_wait_ms", None),
+              **(getattr(thread, "fetch_counts", None) or {})}
+    return {k: v for k, v in sizing.items() if isinstance(v, int)}
 
 
 class FastDrainConsumer(faust_aiokafka.Consumer):

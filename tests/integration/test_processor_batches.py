@@ -192,8 +192,10 @@ def test_batches_apply_each_message_once_in_order_and_every_snapshot_covers_exac
         proc.start()
         deliveries = proc.wait_offsets(backlog, timeout=90)["cluster"]["deliveries"]
         assert deliveries["batches"] < sum(backlog.values()) / 10, f"the backlog goes in runs, not one by one: {deliveries}"
-        # the fetch sizing of the settings is what the running client's fetcher uses
-        assert (deliveries["fetch_min_bytes"], deliveries["fetch_max_wait_ms"]) == (4096, 7)
+        # the running client's fetches follow the load with the settings' sizing: the backlog came in fetches
+        # with records; the next fetch is either full-sized (4096 bytes or 7 ms) or Faust's (first byte)
+        assert deliveries["fetches_with_records"] > 0, deliveries
+        assert (deliveries["fetch_min_bytes"], deliveries["fetch_max_wait_ms"]) in ((4096, 7), (1, 1500))
         # Then a stream while the worker runs and snapshots every 0.3 s.
         for _ in range(25):
             fleet.round()
@@ -205,6 +207,10 @@ def test_batches_apply_each_message_once_in_order_and_every_snapshot_covers_exac
         assert min(ends.values()) > 50, f"every partition carries a share of the nodes: {ends}"
 
         counters, deliveries = stats["counters"], stats["cluster"]["deliveries"]
+        time.sleep(0.5)  # nothing more is published: a fetch comes back empty, and the next waits for a first byte
+        deliveries = proc.get("/stats")["cluster"]["deliveries"]
+        assert deliveries["fetches_empty"] > 0 and (deliveries["fetch_min_bytes"], deliveries["fetch_max_wait_ms"]) \
+            == (1, 1500), deliveries
         assert (counters["messages"], counters["skipped_replayed"], counters["offset_holes"]) == (total, 0, 0)
         assert (counters["duplicates"], counters["gaps"], counters["dlq"], counters["agent_errors"]) == (1, 1, 1, 0)
         assert deliveries["batched"] == total and deliveries["direct"] == 0 and deliveries["dropped_in_rebalance"] == 0

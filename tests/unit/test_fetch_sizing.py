@@ -1,20 +1,56 @@
-"""`/stats` shows the fetch sizing the running client uses (kvpipe.processors.core.fastpath.fetch_in_effect): read
-from the live fetcher, nothing before it starts or from a client built differently. The settings reaching a real
-worker's fetcher: tests/integration/test_processor_batches.py."""
+"""Fetch sizing that follows the load (kvpipe.processors.core.fastpath): full-sized fetches while fetches come back with
+records, Faust's own (answer on the first byte) once one comes back empty, so a quiet app does not poll; and what
+`/stats` shows of it. The settings reaching a real worker's fetcher: tests/integration/test_processor_batches.py."""
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
-from kvpipe.processors.core.fastpath import fetch_in_effect
+from kvpipe.processors.core.fastpath import QUIET_SIZING, fetch_in_effect, follow_load, next_sizing
+
+BUSY = (16384, 2)
 
 
-def _consumer(fetcher):
-    return SimpleNamespace(_thread=SimpleNamespace(_consumer=SimpleNamespace(_fetcher=fetcher)))
+def test_full_sized_while_records_come_back_first_byte_once_one_is_empty():
+    assert next_sizing(True, BUSY) == BUSY
+    assert next_sizing(False, BUSY) == QUIET_SIZING == (1, 1500)
 
 
-def test_the_live_fetchers_sizing():
+class _Fetcher:
+    """aiokafka's Fetcher as `follow_load` uses it: two attributes read per request, one coroutine per fetch."""
+
+    def __init__(self, answers: list[bool]) -> None:
+        self.answers, self.sizes = answers, []
+        self._fetch_min_bytes, self._fetch_max_wait_ms = 1, 500
+
+    async def _proc_fetch_request(self, assignment, node_id, request) -> bool:
+        self.sizes.append((self._fetch_min_bytes, self._fetch_max_wait_ms))
+        return self.answers.pop(0)
+
+
+def test_each_fetch_is_sized_by_the_one_before():
+    fetcher = _Fetcher([True, True, False, False, True])
+    counts = follow_load(fetcher, BUSY)
+
+    async def five() -> None:
+        for _ in range(5):
+            await fetcher._proc_fetch_request(None, 0, None)
+
+    asyncio.run(five())
+    # starts quiet; full-sized after records; back to the first byte after an empty answer
+    assert fetcher.sizes == [QUIET_SIZING, BUSY, BUSY, QUIET_SIZING, QUIET_SIZING]
+    assert (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms) == BUSY
+    assert counts == {"fetches_with_records": 3, "fetches_empty": 2}
+
+
+def _consumer(fetcher, counts=None):
+    return SimpleNamespace(_thread=SimpleNamespace(_consumer=SimpleNamespace(_fetcher=fetcher), fetch_counts=counts))
+
+
+def test_stats_show_the_next_fetchs_sizing_and_the_counts():
     fetcher = SimpleNamespace(_fetch_min_bytes=16384, _fetch_max_wait_ms=2)
-    assert fetch_in_effect(_consumer(fetcher)) == {"fetch_min_bytes": 16384, "fetch_max_wait_ms": 2}
+    assert fetch_in_effect(_consumer(fetcher, {"fetches_with_records": 4, "fetches_empty": 1})) == {
+        "fetch_min_bytes": 16384, "fetch_max_wait_ms": 2, "fetches_with_records": 4, "fetches_empty": 1}
 
 
 def test_nothing_before_the_client_starts_or_from_another_client():
