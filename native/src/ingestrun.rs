@@ -21,9 +21,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 /// How long a run keeps the store's write lock before it lets the route server's readers in: taken once per
-/// event, the lock was asked for ~100 k times a second at 100 k events/s, and each ask behind a route's read
-/// put this thread (holding the GIL) to sleep until the scheduler woke it; on busy cores that added up to tens of
-/// ms before an event was routable. Held across envelopes, a reader waits at most this plus one envelope.
+/// event, the lock was asked for ~100 k times a second at 100 k events/s, and an ask behind a route's read can
+/// put this thread (holding the GIL) to sleep until the scheduler wakes it. Held across envelopes, a reader waits
+/// at most this plus one envelope. (Its effect on freshness was not measured on its own.)
 const WRITE_SLICE: Duration = Duration::from_micros(200);
 
 /// A node met in this run: what its `NodeState` said, then what the run changed.
