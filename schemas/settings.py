@@ -203,7 +203,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                                    "before queries")] = 5
     route_hash_memo_entries: Annotated[int, Doc(
         "digests of prompt units some node holds that the route server remembers, so a prefix routed before is "
-        "not hashed again (about 200 bytes each with 16-token units; exact: an entry is used only for the same "
+        "not hashed again (about 100 bytes each with 16-token units; exact: a digest is used only for the same "
         "parent digest and token ids); 0: hash every request in full")] = 65_536
     route_refresh_s: Annotated[float, Doc("how often the nodes' live state (load, suspect, last seen) reaches the "
                                           "route server")] = 0.005

@@ -5,21 +5,24 @@
 //! message per unit, ~180 ns each at this CPU's SHA rate: ~23 µs of ~100 µs per 2 048-token request,
 //! ~90 µs at 8 192 tokens). The prefixes worth routing are the ones nodes hold, and those come back
 //! again and again (shared documents, system prompts, earlier turns). A unit's digest is a function
-//! of its parent's digest and its token ids alone, so a remembered one is exact: an entry keeps
-//! both and is used only when both are equal, byte for byte and token for token.
+//! of its parent's digest and its token ids alone, so a remembered one is exact: it is used only
+//! where the parent digest and every id are equal, byte for byte and token for token.
 //!
 //! What is remembered: only units inside the longest prefix some node was found to hold (the
 //! decision's best `any_tokens`), so prompts nobody holds (fresh user turns, uncached prompts, a
-//! flood of random ids) never enter and pay the full chain every time. Bounded: two generations of
-//! at most `capacity / 2` entries each; when the newer one fills, the older is dropped whole (an
-//! approximate LRU with no per-hit write). Lookups share a read lock; only admissions write.
+//! flood of random ids) never enter and pay the full chain every time.
 //!
-//! Where the time goes: with the table out of the cache (the index's work in between), each lookup
-//! is a memory miss. Entries are keyed by a running hash of the prompt's tokens from the root, not
-//! by the parent's digest, so every unit's slot is found without waiting for the one before it and
-//! the misses overlap; the chain of parents is then checked entry by entry. Tokens sit in the entry
-//! (no pointer to follow), which limits a unit to `MAX_UNIT` ids that fit in 32 bits; other units
-//! are hashed every time.
+//! How: a *segment* per admission, the run of units a prompt added (its parent digest, its ids as
+//! u32 in one slice, their digests in another), found by a hash of its parent digest and its first
+//! unit's ids. A lookup takes the segment that starts where the prompt is, walks it while the ids
+//! stay equal (a sequential compare), and where they part asks for a segment starting there. So a
+//! prompt costs one table lookup per segment it crosses, and an admission one allocation, two copies
+//! and one insert, whatever its length. (The first version kept one table entry per unit: a first
+//! route of an 8 192-token prompt then paid ~50 µs admitting ~400 entries, each insert a few cache
+//! misses, and a later one ~130 ns per unit read back; BENCHMARKS.md has both.) Bounded by units:
+//! two generations of at most `capacity / 2` units each; when the newer one fills, the older is
+//! dropped whole (an approximate LRU with no per-hit write; a prompt read partly from the older
+//! generation is admitted again into the newer). Lookups share a read lock; only admissions write.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,54 +33,68 @@ use hashbrown::HashMap;
 
 use crate::tokenhash;
 
-/// Entries kept at most (both generations); ~230 bytes each in the table, ~15 MiB.
+/// Units kept at most (both generations); 96 bytes each with 16-token units, ~6 MiB.
 pub const DEFAULT_CAPACITY: usize = 1 << 16;
 
-/// The longest unit remembered (vLLM hashes in units of a block, 16 tokens by default).
-pub const MAX_UNIT: usize = 32;
-
-struct Entry {
+/// A run of consecutive units one admission added.
+struct Segment {
     parent: [u8; 32],
-    digest: [u8; 32],
-    tokens: [u32; MAX_UNIT],
+    unit: usize,
+    tokens: Box<[u32]>, // units × unit ids
+    digests: Box<[[u8; 32]]>,
 }
 
-impl Entry {
-    fn holds(&self, parent: &[u8], chunk: &[i64]) -> bool {
-        self.parent[..] == *parent && chunk.iter().zip(&self.tokens).all(|(&t, &s)| t == s as i64)
+impl Segment {
+    /// How many leading units of `tokens` (whole units) equal this segment's.
+    fn common_units(&self, tokens: &[i64]) -> usize {
+        let n = self.digests.len().min(tokens.len() / self.unit);
+        let want = &tokens[..n * self.unit];
+        match self
+            .tokens
+            .iter()
+            .zip(want)
+            .position(|(&s, &t)| s as i64 != t)
+        {
+            Some(i) => i / self.unit,
+            None => n,
+        }
     }
 }
 
-/// `chunk` as an entry keeps it, or None when the memo cannot (too long, or an id past 32 bits).
-fn packed(chunk: &[i64]) -> Option<[u32; MAX_UNIT]> {
-    if chunk.len() > MAX_UNIT {
-        return None;
+/// `chunk` as u32 ids, or None when one does not fit (a negative id, one past 32 bits).
+fn packed_into(out: &mut Vec<u32>, chunk: &[i64]) -> bool {
+    if chunk.iter().any(|&t| u32::try_from(t).is_err()) {
+        return false;
     }
-    let mut out = [0u32; MAX_UNIT];
-    for (o, &t) in out.iter_mut().zip(chunk) {
-        *o = u32::try_from(t).ok()?;
-    }
-    Some(out)
+    out.extend(chunk.iter().map(|&t| t as u32));
+    true
 }
 
 #[derive(Default)]
 struct Generations {
-    newer: HashMap<u64, Entry>,
-    older: HashMap<u64, Entry>,
+    newer: HashMap<u64, Segment>,
+    older: HashMap<u64, Segment>,
+    newer_units: usize,
+    older_units: usize,
 }
 
 impl Generations {
-    /// The digest of the unit keyed `tag` when the entry there holds `parent` and `chunk`, and
-    /// whether it is in the newer generation.
-    fn get(&self, tag: u64, parent: &[u8], chunk: &[i64]) -> Option<([u8; 32], bool)> {
-        let found = |m: &HashMap<u64, Entry>| {
-            m.get(&tag)
-                .filter(|e| e.holds(parent, chunk))
-                .map(|e| e.digest)
+    /// The segment keyed `key` that starts with `parent` and `chunk`, and whether it is the newer
+    /// generation's.
+    fn get<'a>(&'a self, key: u64, parent: &[u8], chunk: &[i64]) -> Option<(&'a Segment, bool)> {
+        let starts = |m: &'a HashMap<u64, Segment>| {
+            m.get(&key).filter(move |s| {
+                s.parent[..] == *parent
+                    && s.unit == chunk.len()
+                    && chunk
+                        .iter()
+                        .zip(&s.tokens[..])
+                        .all(|(&t, &x)| t == x as i64)
+            })
         };
-        found(&self.newer)
-            .map(|d| (d, true))
-            .or_else(|| found(&self.older).map(|d| (d, false)))
+        starts(&self.newer)
+            .map(|s| (s, true))
+            .or_else(|| starts(&self.older).map(|s| (s, false)))
     }
 }
 
@@ -108,7 +125,7 @@ pub struct Chain {
 }
 
 impl HashMemo {
-    /// A memo of at most `capacity` entries; 0 turns it off (every unit hashed).
+    /// A memo of at most `capacity` units; 0 turns it off (every unit hashed).
     pub fn new(capacity: usize) -> Self {
         HashMemo {
             gens: RwLock::new(Generations::default()),
@@ -121,18 +138,12 @@ impl HashMemo {
     }
 
     fn keeps(&self, root: &[u8], unit: usize) -> bool {
-        self.half > 0 && root.len() == 32 && (1..=MAX_UNIT).contains(&unit)
+        self.half > 0 && root.len() == 32 && unit > 0
     }
 
-    /// The key of the first unit: the root and the unit size.
-    fn root_tag(&self, root: &[u8], unit: usize) -> u64 {
-        self.seed.hash_one((root, unit))
-    }
-
-    /// The key of the unit after the one keyed `prev`: a running hash of the tokens, so no lookup
-    /// waits on the digest the one before it found.
-    fn tag(&self, prev: u64, chunk: &[i64]) -> u64 {
-        self.seed.hash_one((prev, chunk))
+    /// The key of a segment starting after `parent` with the ids `chunk`.
+    fn key(&self, parent: &[u8], chunk: &[i64]) -> u64 {
+        self.seed.hash_one((parent, chunk))
     }
 
     /// The digests of every full `unit` of `tokens` chained from `root` (`tokenhash::sha256_chain`),
@@ -141,21 +152,28 @@ impl HashMemo {
         if unit == 0 || root.len() >= 256 {
             return None;
         }
-        let mut digests: Vec<[u8; 32]> = Vec::with_capacity(tokens.len() / unit);
+        let units = tokens.len() / unit;
+        let mut digests: Vec<[u8; 32]> = Vec::with_capacity(units);
         let mut fresh_from = 0;
         if self.keeps(root, unit) {
             let gens = self.gens.read().unwrap_or_else(|e| e.into_inner());
             let mut in_newer = true;
-            let mut tag = self.root_tag(root, unit);
-            for chunk in tokens.chunks_exact(unit) {
-                tag = self.tag(tag, chunk);
+            while digests.len() < units {
+                let at = digests.len();
                 let parent = digests.last().map_or(root, |d| &d[..]);
-                let Some((d, newer)) = gens.get(tag, parent, chunk) else {
+                let chunk = &tokens[at * unit..(at + 1) * unit];
+                let Some((seg, newer)) = gens.get(self.key(parent, chunk), parent, chunk) else {
                     break;
                 };
+                let n = seg.common_units(&tokens[at * unit..]);
+                if n == 0 {
+                    break; // never: `get` compared the first unit
+                }
+                digests.extend_from_slice(&seg.digests[..n]);
                 in_newer &= newer;
-                fresh_from += in_newer as usize;
-                digests.push(d);
+                if in_newer {
+                    fresh_from = digests.len();
+                }
             }
         }
         let found = digests.len();
@@ -175,43 +193,50 @@ impl HashMemo {
     }
 
     /// Remember the first `held` units of `chain` (the prefix some node holds), from the first one
-    /// the newer generation lacks.
+    /// the newer generation lacks, as one segment.
     pub fn admit(&self, root: &[u8], tokens: &[i64], unit: usize, chain: &Chain, held: usize) {
-        let held = held.min(chain.digests.len());
+        let held = held
+            .min(chain.digests.len())
+            .min(tokens.len() / unit.max(1));
         if !self.keeps(root, unit) || chain.fresh_from >= held {
             return;
         }
-        // the entries, made before the lock is taken
-        let mut tag = self.root_tag(root, unit);
-        let mut new: Vec<(u64, Entry)> = Vec::with_capacity(held - chain.fresh_from);
-        for (i, chunk) in tokens.chunks_exact(unit).take(held).enumerate() {
-            tag = self.tag(tag, chunk);
-            if i < chain.fresh_from {
-                continue;
-            }
-            let Some(tokens) = packed(chunk) else {
+        let start = chain.fresh_from;
+        // at most half the capacity in one segment, so the newer generation can always take it
+        let end = held.min(start + self.half);
+        let mut ids: Vec<u32> = Vec::with_capacity((end - start) * unit);
+        for chunk in tokens[start * unit..end * unit].chunks_exact(unit) {
+            if !packed_into(&mut ids, chunk) {
                 break; // a lookup stops at this unit: the ones after it would never be read
-            };
-            let mut parent = [0u8; 32];
-            parent.copy_from_slice(if i == 0 { root } else { &chain.digests[i - 1] });
-            let digest = chain.digests[i];
-            new.push((
-                tag,
-                Entry {
-                    parent,
-                    digest,
-                    tokens,
-                },
-            ));
-        }
-        let mut gens = self.gens.write().unwrap_or_else(|e| e.into_inner());
-        for (tag, entry) in new {
-            if gens.newer.len() >= self.half {
-                gens.older = std::mem::take(&mut gens.newer);
             }
-            gens.newer.insert(tag, entry);
-            self.admitted.fetch_add(1, Ordering::Relaxed);
         }
+        let n = ids.len() / unit;
+        if n == 0 {
+            return;
+        }
+        let mut parent = [0u8; 32];
+        parent.copy_from_slice(if start == 0 {
+            root
+        } else {
+            &chain.digests[start - 1]
+        });
+        let key = self.key(&parent, &tokens[start * unit..(start + 1) * unit]);
+        let seg = Segment {
+            parent,
+            unit,
+            tokens: ids.into_boxed_slice(),
+            digests: chain.digests[start..start + n].into(),
+        };
+        let mut gens = self.gens.write().unwrap_or_else(|e| e.into_inner());
+        if gens.newer_units + n > self.half {
+            gens.older = std::mem::take(&mut gens.newer);
+            gens.older_units = std::mem::replace(&mut gens.newer_units, 0);
+        }
+        if let Some(old) = gens.newer.insert(key, seg) {
+            gens.newer_units -= old.digests.len();
+        }
+        gens.newer_units += n;
+        self.admitted.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     pub fn stats(&self) -> MemoStats {
@@ -220,7 +245,7 @@ impl HashMemo {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             admitted: self.admitted.load(Ordering::Relaxed),
-            entries: (gens.newer.len() + gens.older.len()) as u64,
+            entries: (gens.newer_units + gens.older_units) as u64,
             capacity: 2 * self.half as u64,
         }
     }
@@ -295,24 +320,87 @@ mod tests {
     }
 
     #[test]
-    fn units_it_cannot_keep_are_hashed_every_time() {
+    fn units_with_ids_it_cannot_pack_are_hashed_every_time() {
         let memo = HashMemo::new(1024);
+        // any unit size is kept (40 ids here)
         let long = tokens(40 * 4, 2);
         let c = memo.chain(&ROOT, &long, 40).unwrap();
         memo.admit(&ROOT, &long, 40, &c, 4);
-        assert_eq!(memo.stats().entries, 0);
+        assert_eq!(memo.stats().entries, 4);
+        assert_eq!(memo.chain(&ROOT, &long, 40).unwrap().fresh_from, 4);
         let mut big = tokens(16 * 6, 4);
         big[16 * 2 + 1] = -5;
         let c = memo.chain(&ROOT, &big, 16).unwrap();
         memo.admit(&ROOT, &big, 16, &c, 6);
         // the units before the one with a negative id are kept, not it nor the ones after it
-        assert_eq!(memo.stats().entries, 2);
+        assert_eq!(memo.stats().entries, 4 + 2);
         let again = memo.chain(&ROOT, &big, 16).unwrap();
         assert_eq!(again.fresh_from, 2);
         assert_eq!(
             again.digests,
             tokenhash::sha256_chain(&ROOT, &big, 16).unwrap()
         );
+    }
+
+    #[test]
+    fn a_prompt_is_read_across_the_segments_of_its_parts() {
+        // a shared system prompt, then two documents after it, then the system prompt + document B
+        // + a question: read from two segments (the one of S+A up to where A starts, then B's own)
+        let memo = HashMemo::new(4096);
+        let s = tokens(16 * 5, 11);
+        let a = tokens(16 * 7, 12);
+        let b = tokens(16 * 6, 13);
+        let sa: Vec<i64> = s.iter().chain(&a).copied().collect();
+        let sb: Vec<i64> = s.iter().chain(&b).copied().collect();
+        let c = memo.chain(&ROOT, &sa, 16).unwrap();
+        memo.admit(&ROOT, &sa, 16, &c, 12);
+        let c = memo.chain(&ROOT, &sb, 16).unwrap();
+        assert_eq!(
+            c.fresh_from, 5,
+            "the system prompt's units come from S+A's segment"
+        );
+        memo.admit(&ROOT, &sb, 16, &c, 11);
+        assert_eq!(memo.stats().admitted, 12 + 6, "only B's units were added");
+        let mut sbq = sb.clone();
+        sbq.extend(tokens(16 * 3 + 5, 14));
+        let got = memo.chain(&ROOT, &sbq, 16).unwrap();
+        assert_eq!(got.fresh_from, 11);
+        assert_eq!(
+            got.digests,
+            tokenhash::sha256_chain(&ROOT, &sbq, 16).unwrap()
+        );
+        // S+A is still whole
+        let got = memo.chain(&ROOT, &sa, 16).unwrap();
+        assert_eq!((got.fresh_from, got.digests.len()), (12, 12));
+        // a prompt shorter than a segment reads the part it has, and a changed last id misses there
+        let mut short = sa[..16 * 9].to_vec();
+        let got = memo.chain(&ROOT, &short, 16).unwrap();
+        assert_eq!(got.fresh_from, 9);
+        short[16 * 9 - 1] += 1;
+        let got = memo.chain(&ROOT, &short, 16).unwrap();
+        assert_eq!(got.fresh_from, 8);
+        assert_eq!(
+            got.digests,
+            tokenhash::sha256_chain(&ROOT, &short, 16).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_prompt_read_from_the_older_generation_is_admitted_again() {
+        let memo = HashMemo::new(40); // 20 units a generation
+        let first = tokens(16 * 12, 21);
+        let c = memo.chain(&ROOT, &first, 16).unwrap();
+        memo.admit(&ROOT, &first, 16, &c, 12);
+        let other = tokens(16 * 12, 22);
+        let c = memo.chain(&ROOT, &other, 16).unwrap();
+        memo.admit(&ROOT, &other, 16, &c, 12); // 24 > 20: `first` moves to the older generation
+        let got = memo.chain(&ROOT, &first, 16).unwrap();
+        assert_eq!(got.fresh_from, 0, "read from the older generation");
+        assert_eq!(memo.stats().hits, 12);
+        memo.admit(&ROOT, &first, 16, &got, 12);
+        let got = memo.chain(&ROOT, &first, 16).unwrap();
+        assert_eq!(got.fresh_from, 12);
+        assert!(memo.stats().entries <= 40);
     }
 
     #[test]
