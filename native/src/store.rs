@@ -86,6 +86,18 @@ impl Default for Store {
     }
 }
 
+/// Asks the core to load the cache line at `p` (a hint: never faults, whatever `p` is).
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint that does not access memory architecturally; any address is allowed.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 #[inline]
 fn hkey(rs: &RandomState, key: u64) -> u64 {
     rs.hash_one(key)
@@ -441,6 +453,12 @@ impl Store {
     }
 
     /// Calls `f(slot, position)` for every (position of `keys`, slot holding it) in `group`.
+    ///
+    /// In two passes, because each step is a cache miss on a large index: the keys' table entries
+    /// first (a short loop, so the core keeps many of these loads in flight at once; with the slots
+    /// visited in the same loop, a shared key's ~30 holders filled the core's window and the
+    /// misses went one at a time), then the holders, the spill lists a few keys ahead asked for
+    /// early (`prefetch`).
     #[inline]
     pub fn for_each_held(&self, group: u64, keys: &[u64], mut f: impl FnMut(u32, usize)) {
         let Some(table) = self.groups.get(&group) else {
@@ -449,15 +467,34 @@ impl Store {
         if table.is_empty() {
             return;
         }
+        let mut found: Vec<(u32, u32)> = Vec::with_capacity(keys.len());
         for (i, &k) in keys.iter().enumerate() {
             if let Some(x) = table.find(hkey(&self.rs, k), |x| { x.key } == k) {
-                let v = x.v;
-                if v & SPILL == 0 {
-                    f(v, i);
-                } else {
-                    for &s in &self.spills[(v & !SPILL) as usize] {
-                        f(s, i);
+                found.push((i as u32, x.v));
+            }
+        }
+        const AHEAD: usize = 8;
+        for (j, &(i, v)) in found.iter().enumerate() {
+            if let Some(&(_, w)) = found.get(j + AHEAD) {
+                if w & SPILL != 0 {
+                    prefetch(&self.spills[(w & !SPILL) as usize] as *const Vec<u32> as *const u8);
+                }
+            }
+            if let Some(&(_, w)) = found.get(j + AHEAD / 2) {
+                if w & SPILL != 0 {
+                    let list = &self.spills[(w & !SPILL) as usize];
+                    let bytes = list.len() * 4;
+                    let at = list.as_ptr() as *const u8;
+                    for line in (0..bytes).step_by(64) {
+                        prefetch(at.wrapping_add(line));
                     }
+                }
+            }
+            if v & SPILL == 0 {
+                f(v, i as usize);
+            } else {
+                for &s in &self.spills[(v & !SPILL) as usize] {
+                    f(s, i as usize);
                 }
             }
         }
