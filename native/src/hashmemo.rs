@@ -261,6 +261,11 @@ mod tests {
 
     const ROOT: [u8; 32] = [7; 32];
 
+    /// The chain of `t` (16-id units) hashed in full.
+    fn full(t: &[i64]) -> Vec<[u8; 32]> {
+        tokenhash::sha256_chain(&ROOT, t, 16).unwrap()
+    }
+
     #[test]
     fn remembered_digests_equal_the_chain() {
         let memo = HashMemo::new(1024);
@@ -286,7 +291,7 @@ mod tests {
         let mut u = t.clone();
         u[16 * 3 + 5] += 1;
         let got = memo.chain(&ROOT, &u, 16).unwrap();
-        assert_eq!(got.digests, tokenhash::sha256_chain(&ROOT, &u, 16).unwrap());
+        assert_eq!(got.digests, full(&u));
         assert_eq!(got.fresh_from, 3);
         let other = [9u8; 32];
         let got = memo.chain(&other, &t, 16).unwrap();
@@ -306,7 +311,7 @@ mod tests {
         for s in 0..40 {
             let t = tokens(16 * 10, s);
             let c = memo.chain(&ROOT, &t, 16).unwrap();
-            assert_eq!(c.digests, tokenhash::sha256_chain(&ROOT, &t, 16).unwrap());
+            assert_eq!(c.digests, full(&t));
             memo.admit(&ROOT, &t, 16, &c, 10);
             assert!(memo.stats().entries <= 64);
         }
@@ -336,10 +341,7 @@ mod tests {
         assert_eq!(memo.stats().entries, 4 + 2);
         let again = memo.chain(&ROOT, &big, 16).unwrap();
         assert_eq!(again.fresh_from, 2);
-        assert_eq!(
-            again.digests,
-            tokenhash::sha256_chain(&ROOT, &big, 16).unwrap()
-        );
+        assert_eq!(again.digests, full(&big));
     }
 
     #[test]
@@ -365,10 +367,7 @@ mod tests {
         sbq.extend(tokens(16 * 3 + 5, 14));
         let got = memo.chain(&ROOT, &sbq, 16).unwrap();
         assert_eq!(got.fresh_from, 11);
-        assert_eq!(
-            got.digests,
-            tokenhash::sha256_chain(&ROOT, &sbq, 16).unwrap()
-        );
+        assert_eq!(got.digests, full(&sbq));
         // S+A is still whole
         let got = memo.chain(&ROOT, &sa, 16).unwrap();
         assert_eq!((got.fresh_from, got.digests.len()), (12, 12));
@@ -379,10 +378,7 @@ mod tests {
         short[16 * 9 - 1] += 1;
         let got = memo.chain(&ROOT, &short, 16).unwrap();
         assert_eq!(got.fresh_from, 8);
-        assert_eq!(
-            got.digests,
-            tokenhash::sha256_chain(&ROOT, &short, 16).unwrap()
-        );
+        assert_eq!(got.digests, full(&short));
     }
 
     #[test]
@@ -410,6 +406,6 @@ mod tests {
         let c = memo.chain(&ROOT, &t, 16).unwrap();
         memo.admit(&ROOT, &t, 16, &c, 4);
         assert_eq!(memo.stats().entries, 0);
-        assert_eq!(c.digests, tokenhash::sha256_chain(&ROOT, &t, 16).unwrap());
+        assert_eq!(c.digests, full(&t));
     }
 }
