@@ -100,6 +100,29 @@ def _describe_configs(admin, specs: list[TopicSpec], timeout: float) -> list[dic
     raise AssertionError("unreachable: tenacity either returns or raises")
 
 
+def _listed(admin, names: list[str], timeout: float) -> dict[str, int]:
+    """Partition counts from the metadata, once it lists every topic in `names` (topics a create answered
+    "already exists" for). On a cluster still settling, a create whose answer was lost reads "exists" on its
+    retry before the broker answering metadata knows the topic (not listed, or listed with an error): that goes
+    again within `timeout`, as creating does."""
+    def once() -> dict[str, int]:
+        topics = admin.list_topics(timeout=timeout).topics
+        unknown = [n for n in names if n not in topics or getattr(topics[n], "error", None) is not None
+                   or not topics[n].partitions]
+        if unknown:
+            raise _Settling(f"topics {unknown} exist (their create said so) but the metadata does not list them yet")
+        return {n: len(t.partitions) for n, t in topics.items()}
+
+    try:
+        for attempt in retrying.retrying(first_s=0.25, max_s=2.0, stop=stop_after_delay(timeout), reraise=True,
+                                         retry=retry_if_exception_type(_Settling)):
+            with attempt:
+                return once()
+    except _Settling as e:
+        raise InfraError(str(e)) from e
+    raise AssertionError("unreachable: tenacity either returns or raises")
+
+
 def _align_configs(admin, specs: list[TopicSpec], timeout: float) -> tuple[list[str], list[str]]:
     """Set the configs kvpipe needs on existing topics (every key here is one Kafka lets you change
     on a live topic). Returns `(altered topic names, problems)`: a change the cluster refuses (ACLs,
@@ -199,8 +222,9 @@ def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 3
                     create()
     except _Settling as e:
         raise InfraError(str(e)) from e
-    if any(v == "exists" for v in result.values()):
-        existing.update({n: len(t.partitions) for n, t in admin.list_topics(timeout=timeout).topics.items()})
+    raced = [name for name, v in result.items() if v == "exists"]
+    if raced:
+        existing.update(_listed(admin, raced, timeout))
     problems = []
     for s in specs:
         if result.get(s.name) == "created":
