@@ -8,13 +8,16 @@ shrinking is impossible. The user decides (delete the topic, or use the existing
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from tenacity import retry_if_exception_type, stop_after_delay
 
 from kvpipe.infra.errors import InfraError
 from kvpipe.schemas import retrying
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,19 @@ def list_topics(bootstrap: str, timeout: float = 10.0, internal: bool = False) -
             if internal or not name.startswith("__")}
 
 
+def _until_settled(once: Callable[[], T], timeout: float) -> T:
+    """`once()` again while it raises `_Settling` (kvpipe's retry policy, schemas/retrying.py), for at most
+    `timeout` s; then its last reason as an InfraError."""
+    try:
+        for attempt in retrying.retrying(first_s=0.25, max_s=2.0, stop=stop_after_delay(timeout), reraise=True,
+                                         retry=retry_if_exception_type(_Settling)):
+            with attempt:
+                return once()
+    except _Settling as e:
+        raise InfraError(str(e)) from e
+    raise AssertionError("unreachable: tenacity either returns or raises")
+
+
 def _describe_configs(admin, specs: list[TopicSpec], timeout: float) -> list[dict]:
     """Each topic's config entries. A topic just created (or created by a round whose answer was lost) may
     not be known yet to the broker that answers: `UNKNOWN_TOPIC_OR_PART` until its metadata catches up with
@@ -90,14 +106,7 @@ def _describe_configs(admin, specs: list[TopicSpec], timeout: float) -> list[dic
                 raise _Settling(f"describing topic configs failed: {err.str()}") from e
             raise
 
-    try:
-        for attempt in retrying.retrying(first_s=0.25, max_s=2.0, stop=stop_after_delay(timeout), reraise=True,
-                                         retry=retry_if_exception_type(_Settling)):
-            with attempt:
-                return once()
-    except _Settling as e:
-        raise InfraError(str(e)) from e
-    raise AssertionError("unreachable: tenacity either returns or raises")
+    return _until_settled(once, timeout)
 
 
 def _listed(admin, names: list[str], timeout: float) -> dict[str, int]:
@@ -113,14 +122,7 @@ def _listed(admin, names: list[str], timeout: float) -> dict[str, int]:
             raise _Settling(f"topics {unknown} exist (their create said so) but the metadata does not list them yet")
         return {n: len(t.partitions) for n, t in topics.items()}
 
-    try:
-        for attempt in retrying.retrying(first_s=0.25, max_s=2.0, stop=stop_after_delay(timeout), reraise=True,
-                                         retry=retry_if_exception_type(_Settling)):
-            with attempt:
-                return once()
-    except _Settling as e:
-        raise InfraError(str(e)) from e
-    raise AssertionError("unreachable: tenacity either returns or raises")
+    return _until_settled(once, timeout)
 
 
 def _align_configs(admin, specs: list[TopicSpec], timeout: float) -> tuple[list[str], list[str]]:
@@ -214,14 +216,8 @@ def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 3
             raise _Settling(last)
 
     # kvpipe's retry policy (schemas/retrying.py): jittered, so the admins of several `up`s do not come back in step
-    try:
-        if missing:
-            for attempt in retrying.retrying(first_s=0.25, max_s=2.0, stop=stop_after_delay(timeout), reraise=True,
-                                             retry=retry_if_exception_type(_Settling)):
-                with attempt:
-                    create()
-    except _Settling as e:
-        raise InfraError(str(e)) from e
+    if missing:
+        _until_settled(create, timeout)
     raced = [name for name, v in result.items() if v == "exists"]
     if raced:
         existing.update(_listed(admin, raced, timeout))
