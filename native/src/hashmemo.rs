@@ -18,8 +18,8 @@
 //! stay equal (a sequential compare), and where they part asks for a segment starting there. So a
 //! prompt costs one table lookup per segment it crosses, and an admission one allocation, two copies
 //! and one insert, whatever its length. (The first version kept one table entry per unit: a first
-//! route of an 8 192-token prompt then paid ~50 µs admitting ~400 entries, each insert a few cache
-//! misses, and a later one ~130 ns per unit read back; BENCHMARKS.md has both.) Bounded by units:
+//! route of an 8 192-token prompt admitted a few hundred entries one insert at a time, and with the
+//! memo on a first route cost 307–332 µs against 262–276 µs with it off; BENCHMARKS.md.) Bounded by units:
 //! two generations of at most `capacity / 2` units each; when the newer one fills, the older is
 //! dropped whole (an approximate LRU with no per-hit write; a prompt read partly from the older
 //! generation is admitted again into the newer). Lookups share a read lock; only admissions write.
