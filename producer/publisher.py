@@ -19,6 +19,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kvpipe.producer.config import describe_envelope, kafka_config
 from kvpipe.producer.sequencer import Sequencer
+from kvpipe.producer.stall import DeliveryWatch
 from kvpipe.schemas.codec import KAFKA_HEADERS, encode_vllm_batch
 from kvpipe.schemas.envelope import Envelope, GroupSpec, HashConfig
 from kvpipe.schemas.events import Event
@@ -36,6 +37,8 @@ _IDLE_WAIT_MAX_S = 0.05
 # so a dead broker does not turn the log into the bottleneck.
 _LOG_FIRST = 20
 _LOG_EVERY = 1000
+# How long a metadata request made for a stalled producer may block the sender thread.
+_METADATA_TIMEOUT_S = 2.0
 
 
 class _RawBatch(msgspec.Struct, gc=False):
@@ -127,6 +130,7 @@ class Publisher:
         self._failed = 0  # delivery reports with an error
         self._refused = 0  # produce() raised: never reached Kafka's queue
         self._last_send = time.monotonic()
+        self._watch = DeliveryWatch(settings.producer_stall_s)
 
         self._thread = threading.Thread(target=self._run, name=f"kvpipe-publisher-{node_id}", daemon=True)
         self._thread.start()
@@ -221,6 +225,7 @@ class Publisher:
             "heartbeats": self._heartbeats,
             "queue_depth": len(self._queue),
             "in_flight": in_flight,
+            "metadata_requests": self._watch.nudges,  # asked for because deliveries had stopped
         }
 
     def flush(self, timeout: float = 10.0) -> int:
@@ -293,8 +298,10 @@ class Publisher:
                 handled += 1
                 if handled % _POLL_EVERY == 0:
                     producer.poll(0)
+                    self._check_stall()
                 continue
             producer.poll(0)
+            self._check_stall()
             if self._stopping:
                 break
             idle_for = time.monotonic() - self._last_send
@@ -361,6 +368,7 @@ class Publisher:
                     self._lose(env.num_events, "the publisher closed while Kafka's queue was full")
                     return False
                 self._producer.poll(0.05)
+                self._check_stall()
             except KafkaException as exc:
                 self._seq.unstamp(env)
                 self._refused += 1
@@ -371,6 +379,20 @@ class Publisher:
         self._bytes += len(data)
         self._last_send = time.monotonic()
         return True
+
+    def _check_stall(self) -> None:
+        """Envelopes waiting and none leaving the client for a while: ask for metadata (producer/stall.py)."""
+        in_flight = len(self._producer)
+        if not self._watch.stalled(time.monotonic(), self._sent, in_flight):
+            return
+        try:
+            topic = self._producer.list_topics(self._topic, timeout=_METADATA_TIMEOUT_S).topics.get(self._topic)
+            answer = ("no such topic" if topic is None or topic.error is not None and not topic.partitions else
+                      "leaders " + ", ".join(f"{p}: {m.leader}" for p, m in sorted(topic.partitions.items())))
+        except KafkaException as exc:
+            answer = f"no answer: {exc.args[0]}"
+        log.warning("node %s: %d envelope(s) in Kafka's client and none delivered for %g s; asked the cluster for "
+                    "%s's metadata again (%s)", self._node_id, in_flight, self._watch.waited, self._topic, answer)
 
     def _lose(self, num_events: int, reason: str) -> None:
         self._lost += num_events

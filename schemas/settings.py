@@ -73,6 +73,9 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # producer
     producer_queue_batches: Annotated[int, Doc("bounded queue in front of the producer's background sender, in "
                                                "batches")] = 10_000
+    producer_stall_s: Annotated[float, msgspec.Meta(gt=0), Doc(
+        "a producer holding envelopes in Kafka's client with none delivered for this long asks the cluster for "
+        "its topic's metadata again (then at doubling intervals, up to once a minute)")] = 5.0
     heartbeat_s: Annotated[float, Doc("a producer sends its node's heartbeat (load, liveness) this often")] = 2.0
     specs_every_s: Annotated[float, Doc("a producer resends its node's group specs at least this often")] = 30.0
     linger_ms: Annotated[float, Doc("producer linger: how long a batch waits for more events (librdkafka "

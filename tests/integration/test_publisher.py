@@ -176,3 +176,47 @@ def test_delivery_failure_is_counted_and_logged(kafka_bootstrap, caplog) -> None
     assert remaining == 0 and counters["failed"] == 1 and counters["delivered"] == 0
     failures = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
     assert failures and "node-h" in failures[0] and "seq=0" in failures[0] and missing in failures[0]
+
+
+def test_a_producer_whose_envelopes_wait_asks_the_cluster_for_metadata_again(kafka_bootstrap, caplog) -> None:
+    # The broker answers but the envelope cannot leave the client (its topic does not exist and the
+    # broker does not create topics): the publisher asks for the topic's metadata and says so.
+    missing = f"no-such-topic-{time.time_ns()}"
+    caplog.set_level(logging.WARNING, logger="kvpipe.producer.publisher")
+    pub = Publisher(settings(producer_stall_s=0.3), "node-i", topic=missing,
+                    producer_config={"message.timeout.ms": 4000})
+    pub.publish(step(0))
+    deadline = time.monotonic() + 3.5
+    while pub.counters()["metadata_requests"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    asked = pub.counters()["metadata_requests"]
+    remaining = pub.flush(10)
+    pub.close(1)
+    assert asked >= 1, "no metadata request while the envelope waited 3.5 s"
+    warnings = [r.getMessage() for r in caplog.records if "metadata again" in r.getMessage()]
+    assert warnings and "node-i" in warnings[0] and missing in warnings[0] and "no such topic" in warnings[0], warnings
+    # asking changed nothing else: the envelope still fails once, when its timeout comes
+    assert remaining == 0 and pub.counters()["failed"] == 1
+
+
+def test_a_producer_with_no_broker_asks_with_backoff_and_keeps_accepting_steps(caplog) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    caplog.set_level(logging.WARNING, logger="kvpipe.producer.publisher")
+    pub = Publisher(settings(producer_stall_s=0.2, kafka_bootstrap=f"127.0.0.1:{port}"), "node-j",
+                    topic="anything", producer_config={"message.timeout.ms": 60000})
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 4.0:
+            assert pub.publish(step(0)) is True  # publish never blocks behind the metadata requests
+            time.sleep(0.05)
+        asked = pub.counters()["metadata_requests"]
+        # 0.2 s, then doubling (each request also waits up to 2 s for an answer): a few, not one per poll
+        assert 1 <= asked <= 4, asked
+        warnings = [r.getMessage() for r in caplog.records if "metadata again" in r.getMessage()]
+        assert warnings and "no answer" in warnings[0], warnings
+    finally:
+        pub.close(0.5)
