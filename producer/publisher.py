@@ -247,13 +247,18 @@ class Publisher:
         remaining = self.flush(timeout)
         self._stopping = True
         self._wake.set()
-        self._thread.join(timeout=max(1.0, timeout))
+        # the sender may be waiting on a metadata request for a stalled producer
+        self._thread.join(timeout=max(1.0, timeout) + _METADATA_TIMEOUT_S)
         if remaining:
             # Still undelivered: purge so each message gets a (failed) delivery report we count and
             # log, instead of librdkafka warning about them at interpreter exit.
             log.error("node %s: %d envelope(s) undelivered after %.1f s; purging them", self._node_id, remaining, timeout)
             self._producer.purge()
             self._producer.flush(0)
+        if not self._thread.is_alive():
+            # Destroy the client now: its callbacks hold this publisher, a cycle the garbage collector
+            # may never break, and a client left alive keeps reconnecting to a broker that is gone.
+            self._producer.close()
 
     def __enter__(self) -> "Publisher":
         return self
