@@ -92,8 +92,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     snapshot_every_s: Annotated[float, Doc("how often each app snapshots its index to Kafka")] = 10.0
     snapshot_timeout_s: Annotated[float, Doc("a snapshot not acknowledged by then fails, counted in /stats")] = 60.0
     processor_delivery: Annotated[Literal["batch", "message"], Doc(
-        "how fetched events reach the index: `batch` (a partition's fetched run per call, "
-        "processors/core/batchdelivery.py) or `message` (one at a time through Faust's stream; the "
+        "how fetched events reach either app's index and row path: `batch` (a partition's fetched run per "
+        "call, processors/core/batchdelivery.py) or `message` (one at a time through Faust's stream; the "
         "fallback)")] = "batch"
     fetch_min_bytes: Annotated[int, msgspec.Meta(ge=1), Doc(
         "both apps' event fetches while events flow: the broker answers once this many bytes are there, or after "

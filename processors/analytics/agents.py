@@ -21,7 +21,7 @@ from tenacity import RetryCallState
 from kvpipe.processors.core import rebalance
 from kvpipe.schemas import retrying
 from kvpipe.processors.analytics import derive, restore_state
-from kvpipe.processors.analytics.app import app, events_topic, settings
+from kvpipe.processors.analytics.app import app, batch_handlers, events_topic, settings
 from kvpipe.processors.analytics.derive import message_rows
 from kvpipe.processors.analytics.state import runtime
 from kvpipe.processors.analytics.tables import LIFETIMES
@@ -47,32 +47,64 @@ def _log_rate_limited(key: str, level: int, msg: str, *args) -> None:
 
 @app.agent(events_topic, name="kvpipe-analytics-rows")
 async def derive_rows(stream) -> None:
-    sink = runtime.sink
+    # With batched delivery (the default) the consumer hands the events to `derive_batch` below and this
+    # stream gets none; it is the path of `processor_delivery = "message"`. Either way every message goes
+    # through `derive_one` once, in offset order.
     async for _ in stream:
         msg = stream.current_event.message
-        if runtime.restores is not None and msg.partition not in runtime.restores.loaded:
-            # the rebalance hook could not rebuild it (the store refused): nothing of the partition is
-            # applied before it is, or its re-stores of blocks ended before the snapshot would be missed
-            await ensure_tracker_retrying(msg.partition)
-            if stale_after_wait(msg.partition, msg.offset):
-                continue
-        if not sink.has_room():  # the store is behind: stop taking input until it catches up
-            _log_rate_limited("room", logging.WARNING, "analytics: %d rows wait for the store (%s: %s); "
-                              "consumption paused", sink.counters()["unwritten_rows"],
-                              sink.counters()["store_state"], sink.counters()["store_reason"] or "slow")
-            await sink.wait_for_room()
-            if stale_after_wait(msg.partition, msg.offset):
-                continue
-        try:
-            # timestamp_type 1 = LogAppendTime: the broker's clock bounds node timestamps (processors/core/ingest.py)
-            record_ts = msg.timestamp if msg.timestamp_type == 1 else None
-            result = runtime.ingest.handle(msg.value, msg.headers, msg.partition, msg.offset, time.time(), record_ts)
-            submit(result, msg.partition, msg.offset)
-        except Exception:  # a bug, not bad input: loud, counted, and the worker keeps going
-            runtime.agent_errors += 1
-            log.exception("analytics: message %s/%s at offset %s broke the row path", msg.topic, msg.partition, msg.offset)
+        if not await ready_for(msg.partition, msg.offset):
+            continue
+        # timestamp_type 1 = LogAppendTime: the broker's clock bounds node timestamps (processors/core/ingest.py);
+        # a Faust message carries it in seconds
+        derive_one(msg, msg.timestamp if msg.timestamp_type == 1 else None)
 
 
+async def derive_batch(records, still_current) -> int:
+    """One partition's fetched records in offset order, from the consumer (kvpipe.processors.core.batchdelivery):
+    what the agent above does per message, without Faust's machinery per message. Returns how many were
+    handled from the front: fewer than all only when a rebalance began while it waited (for the store, or
+    for the partition's tracker), and then the rest is fetched again by the partition's owner."""
+    done = 0
+    for r in records:
+        if not await ready_for(r.partition, r.offset) or not still_current():
+            break
+        ts_ms = r.timestamp  # an aiokafka record's, in milliseconds
+        derive_one(r, ts_ms / 1000.0 if r.timestamp_type == 1 and ts_ms is not None else None)
+        done += 1
+    return done
+
+
+async def ready_for(partition: int, offset: int) -> bool:
+    """Wait until a message of `partition` at `offset` may be applied: its tracker rebuilt, room in the sink.
+    False: a rebalance during the wait made it not next (see `stale_after_wait`); drop it unapplied."""
+    if runtime.restores is not None and partition not in runtime.restores.loaded:
+        # the rebalance hook could not rebuild it (the store refused): nothing of the partition is
+        # applied before it is, or its re-stores of blocks ended before the snapshot would be missed
+        await ensure_tracker_retrying(partition)
+        if stale_after_wait(partition, offset):
+            return False
+    sink = runtime.sink
+    if not sink.has_room():  # the store is behind: stop taking input until it catches up
+        _log_rate_limited("room", logging.WARNING, "analytics: %d rows wait for the store (%s: %s); "
+                          "consumption paused", sink.counters()["unwritten_rows"],
+                          sink.counters()["store_state"], sink.counters()["store_reason"] or "slow")
+        await sink.wait_for_room()
+        if stale_after_wait(partition, offset):
+            return False
+    return True
+
+
+def derive_one(msg, record_ts: float | None) -> None:
+    """Apply one message and submit its rows in the same event-loop turn (the module doc says why)."""
+    try:
+        result = runtime.ingest.handle(msg.value, msg.headers, msg.partition, msg.offset, time.time(), record_ts)
+        submit(result, msg.partition, msg.offset)
+    except Exception:  # a bug, not bad input: loud, counted, and the worker keeps going
+        runtime.agent_errors += 1
+        log.exception("analytics: message %s/%s at offset %s broke the row path", msg.topic, msg.partition, msg.offset)
+
+
+batch_handlers[settings.events_topic] = derive_batch
 
 
 @app.task

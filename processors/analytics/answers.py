@@ -75,6 +75,9 @@ class AnalyticsStats(msgspec.Struct):
     freshness: dict[str, AnalyticsFreshness]  # by partition
     durability: AnalyticsDurability
     restore_tracker: RestoreTrackerStats | None  # null: the tracker is off (KVPIPE_ANALYTICS_CAPACITY=false)
+    # how the consumer handed messages to the row path (`kvpipe.processors.core.fastpath.deliveries`): a mapping,
+    # as which counters exist depends on the consumer in use
+    deliveries: dict[str, int | None] = {}
 
 
 class AnalyticsHealth(msgspec.Struct):

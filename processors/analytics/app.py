@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import faust
 
-from kvpipe.processors.core import fastpath, webauth
+from kvpipe.processors.core import batchdelivery, fastpath, webauth
 from kvpipe.processors.core.kafkaconf import faust_broker_kwargs
 from kvpipe.schemas.settings import load_settings
 
@@ -55,7 +55,15 @@ app = faust.App(
 )
 
 webauth.install(app, settings)  # bearer token on /sql, /stats, /metrics; Faust's own pages off
-fastpath.install(app, (settings.fetch_min_bytes, settings.fetch_max_wait_ms))  # fuller fetches under load
+
+# Before anything builds the consumer: how fetched messages reach the row path, as in the routing app
+# (processors/routing/app.py): "batch", a partition's fetched run per call to the handler agents.py puts in
+# `batch_handlers`; "message", or a Faust version that was not checked: one at a time through the agent's stream.
+# Either way with fuller fetches under load.
+batch_handlers: dict[str, batchdelivery.BatchHandler] = {}
+fetch = (settings.fetch_min_bytes, settings.fetch_max_wait_ms)
+if not (settings.processor_delivery == "batch" and batchdelivery.install(app, batch_handlers, fetch)):
+    fastpath.install(app, fetch)
 
 # -- topics: values stay raw bytes (decoding is ours, `kvpipe.schemas.codec`) --------------------------------
 

@@ -18,6 +18,7 @@ from kvpipe.processors.analytics import apidoc, metrics
 from kvpipe.processors.analytics.answers import AnalyticsHealth, AnalyticsStats, SqlAnswer, StoreState, encode_sql
 from kvpipe.processors.analytics.app import app, settings
 from kvpipe.processors.analytics.query import MAX_BODY_BYTES, QueryError, parse_sql_request
+from kvpipe.processors.core import fastpath
 from kvpipe.processors.core.answers import ErrorBody
 from kvpipe.processors.core.httpbody import ApiError
 from kvpipe.processors.core.httpbody import checked_body
@@ -32,7 +33,7 @@ def _highwater(partition: int) -> int | None:
 
 
 def _stats() -> dict[str, Any]:
-    return collect_stats(runtime, _highwater)
+    return {**collect_stats(runtime, _highwater), "deliveries": fastpath.deliveries(app.consumer)}
 
 
 def stats_answer() -> AnalyticsStats:

@@ -26,9 +26,10 @@ rest of the fetch is dropped undelivered and unacked. That is what Faust does wi
 (`getmany` stops, the stream skips other generations), and it is safe for the same reason: every
 rebalance ends with a seek of every assigned partition (Faust's `perform_seek`, to the offsets
 kvpipe.processors.core.durability commits), so the records are fetched again by the partition's owner.
-The handler is synchronous except for its side effects (a DLQ send); after each await it asks
-`still_current()` and stops if a rebalance began, and the records it did not report handled are
-neither acked nor skipped over.
+The handler is synchronous except for its side effects (the routing app's DLQ send) and its waits (the
+analytics app waits for room in its sink); after each await it asks `still_current()` and stops if a
+rebalance began (having handled none, if it waited before its first record), and the records it did not
+report handled are neither acked nor skipped over.
 
 Ordering: a partition's records reach the handler in offset order, one call at a time, from this
 loop only; in this mode no message of a batched topic goes through the conductor to a stream.
@@ -176,6 +177,8 @@ class BatchDrainConsumer(fastpath.FastDrainConsumer):
                 await asyncio.sleep(0)  # between slices: /route and the timers get the loop
             piece = recs if handled == 0 and len(recs) <= step else recs[handled:handled + step]
             n = await handler(piece, current)
+            if n <= 0 and not current():
+                break  # a rebalance began while the handler waited before its first record
             if n <= 0:
                 raise RuntimeError(f"the batch handler of {tp.topic!r} handled none of {len(piece)} records")
             handled += n

@@ -102,6 +102,14 @@ def fetch_in_effect(consumer: Any) -> dict[str, int]:
     return {k: v for k, v in sizing.items() if isinstance(v, int)}
 
 
+def deliveries(consumer: Any) -> dict[str, int | None]:
+    """How the consumer handed messages over, for `/stats` of either app: directly vs through Faust's wait
+    (this module), runs to the batch handler, their records and those left for a re-fetch after a rebalance
+    (`batchdelivery`), and the fetch sizing; null where the consumer lacks that path."""
+    return {"direct": getattr(consumer, "direct_deliveries", None), "waited": getattr(consumer, "waited_deliveries", None),
+            **getattr(consumer, "batch_stats", {}), **fetch_in_effect(consumer)}
+
+
 class FastDrainConsumer(faust_aiokafka.Consumer):
     # how many messages took the direct call vs Faust's wait_first (shown in /stats)
     direct_deliveries = 0

@@ -252,12 +252,7 @@ def cluster_stats() -> ClusterStats:
     consumer = app.consumer
     return ClusterStats(url=str(app.conf.canonical_url), owned_partitions=owned_partitions(), peers=_peer_urls(),
                         expected_partitions=list(expected_partitions()),
-                        # kvpipe.processors.core.fastpath: messages handed over directly vs through Faust's
-                        # wait_first; kvpipe.processors.core.batchdelivery: runs handed to the batch handler, their
-                        # records, records left for the re-fetch after a rebalance
-                        deliveries={"direct": getattr(consumer, "direct_deliveries", None),
-                                    "waited": getattr(consumer, "waited_deliveries", None),
-                                    **getattr(consumer, "batch_stats", {}), **fastpath.fetch_in_effect(consumer)})
+                        deliveries=fastpath.deliveries(consumer))
 
 
 def stats_mapping() -> dict[str, Any]:

@@ -31,6 +31,9 @@ def test_re_stores_and_end_reasons_equal_what_the_events_imply(kafka_bootstrap, 
         a.close()
         b.close()
         wait_written(proc, session.end_offsets())
+        # the default delivery: every message reached the row path in a partition's run, none one by one
+        deliveries = proc.get("/stats")["deliveries"]
+        assert deliveries["batched"] == sum(session.end_offsets().values()) and deliveries["direct"] == 0, deliveries
         got = sql(proc, "SELECT node_id, group_idx, medium, block_hash, delay_s, end_reason, stack_distance, "
                         "group_kind FROM kv_restores_final ORDER BY node_id, restored_ts, event_idx, block_hash")
         assert sorted(tuple(r.values())[:7] for r in got) == sorted(model.restores)
