@@ -23,6 +23,7 @@ mod answer;
 mod ask;
 mod askread;
 pub mod batch;
+pub mod chcols;
 pub mod decide;
 pub mod envelope;
 pub mod hashmemo;
