@@ -1,0 +1,450 @@
+//! The analytics rows' Python face (`kvpipe_native.NativeRows`): one table's rows as native columns
+//! (`chcols::TableCols`), filled from the column lists `processors/analytics/tables.py` builds (or by
+//! a native ingest run), and encoded as the Native block the sink's `raw_insert` sends.
+//!
+//! Threads: the analytics app makes rows on its event loop and a writer thread extends, encodes and
+//! drops them, so the columns sit behind a mutex (the class is `frozen`: PyO3 keeps no borrow flag
+//! that a second thread could trip). No thread ever waits for that mutex while holding the GIL: work
+//! without Python objects locks inside `allow_threads`, and work that needs the GIL too (reading
+//! values back) takes the lock only when it is free, else waits for it with the GIL released. A
+//! holder that loses the GIL (a finalizer run by an allocation) therefore never deadlocks a waiter.
+
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyFloat, PyInt, PyList, PyString};
+use pyo3::PyTypeInfo;
+
+use crate::chcols::{self, Col, Schema, TableCols};
+
+/// One analytics table's rows as native columns; see the module's notes on threads.
+#[pyclass(module = "kvpipe_native", frozen)]
+pub struct NativeRows {
+    schema: &'static Schema,
+    inner: Mutex<TableCols>,
+}
+
+fn lock(m: &Mutex<TableCols>) -> MutexGuard<'_, TableCols> {
+    // a panic while held could only be a bug in chcols; the rows stay whole between calls, so go on
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl NativeRows {
+    /// Rows a native caller built (a native ingest run), handed to Python as they are.
+    pub fn from_cols(cols: TableCols) -> Self {
+        NativeRows {
+            schema: cols.schema(),
+            inner: Mutex::new(cols),
+        }
+    }
+
+    /// The columns, for a caller that does not hold the GIL (it blocks while another thread uses them).
+    pub fn cols(&self) -> MutexGuard<'_, TableCols> {
+        lock(&self.inner)
+    }
+
+    /// `f` on the columns, for a caller holding the GIL: waits for them with the GIL released.
+    pub fn with_cols<R>(&self, py: Python<'_>, f: impl FnOnce(&mut TableCols) -> R) -> R {
+        loop {
+            match self.inner.try_lock() {
+                Ok(mut g) => return f(&mut g),
+                Err(TryLockError::Poisoned(p)) => return f(&mut p.into_inner()),
+                Err(TryLockError::WouldBlock) => py.allow_threads(|| drop(lock(&self.inner))),
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl NativeRows {
+    #[new]
+    fn new(table: &str) -> PyResult<Self> {
+        let schema = chcols::schema(table).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "no analytics table {table:?}: NativeRows holds one of kv_events, kv_block_lifetimes, kv_restores, \
+                 kv_node_load"
+            ))
+        })?;
+        Ok(Self::from_cols(TableCols::new(schema)))
+    }
+
+    #[getter]
+    fn table(&self) -> &'static str {
+        self.schema.table
+    }
+
+    /// The table's columns in insert order (`extend_columns` and `columns` use this order).
+    #[getter]
+    fn column_names(&self) -> Vec<&'static str> {
+        self.schema.columns.iter().map(|&(name, _)| name).collect()
+    }
+
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.with_cols(py, |c| c.len())
+    }
+
+    /// Add `other`'s rows (the same table's) after these.
+    fn extend(&self, py: Python<'_>, other: &Bound<'_, NativeRows>) -> PyResult<()> {
+        let other = other.get();
+        if !std::ptr::eq(self.schema, other.schema) {
+            return Err(PyValueError::new_err(format!(
+                "cannot extend {} rows with {} rows",
+                self.schema.table, other.schema.table
+            )));
+        }
+        py.allow_threads(|| {
+            if std::ptr::eq(self, other) {
+                let mut g = lock(&self.inner);
+                let copy = g.clone();
+                g.append(&copy);
+                return;
+            }
+            // two locks, always taken in address order: `a.extend(b)` beside `b.extend(a)` cannot deadlock
+            let (mut mine, theirs) = if (self as *const Self) < (other as *const Self) {
+                let mine = lock(&self.inner);
+                (mine, lock(&other.inner))
+            } else {
+                let theirs = lock(&other.inner);
+                (lock(&self.inner), theirs)
+            };
+            mine.append(&theirs);
+        });
+        Ok(())
+    }
+
+    /// Append rows given as Python column lists in `column_names` order, in the forms
+    /// `processors/analytics/tables.py` inserts. All or nothing: a bad value appends no row and the
+    /// error names its column and row.
+    fn extend_columns(&self, py: Python<'_>, columns: &Bound<'_, PyAny>) -> PyResult<()> {
+        let staged = read_columns(py, self.schema, columns)?;
+        if staged.is_empty() {
+            return Ok(());
+        }
+        py.allow_threads(|| {
+            let mut g = lock(&self.inner);
+            if g.is_empty() {
+                *g = staged;
+            } else {
+                g.append(&staged);
+            }
+        });
+        Ok(())
+    }
+
+    /// The rows back as Python column lists, in the forms `extend_columns` takes (UInt8 as int).
+    fn columns<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyList>>> {
+        self.with_cols(py, |c| {
+            c.cols.iter().map(|col| column_to_list(py, col)).collect()
+        })
+    }
+
+    /// Rows `[start, end)` as one Native-format block (`raw_insert(..., fmt="Native")`).
+    fn encode<'py>(&self, py: Python<'py>, start: i64, end: i64) -> PyResult<Bound<'py, PyBytes>> {
+        let out = py
+            .allow_threads(|| {
+                let g = lock(&self.inner);
+                let (s, e) = (usize::try_from(start), usize::try_from(end));
+                match (s, e) {
+                    (Ok(s), Ok(e)) if s <= e && e <= g.len() => {
+                        let mut out = Vec::new();
+                        g.encode(s, e, &mut out);
+                        Ok(out)
+                    }
+                    _ => Err(format!(
+                        "{}: no rows [{start}, {end}) in {} rows",
+                        self.schema.table,
+                        g.len()
+                    )),
+                }
+            })
+            .map_err(PyValueError::new_err)?;
+        PyBytes::new_with(py, out.len(), |b| {
+            py.allow_threads(|| b.copy_from_slice(&out));
+            Ok(())
+        })
+    }
+
+    /// Forget the first `n` rows (those inserted).
+    fn drop_front(&self, py: Python<'_>, n: i64) -> PyResult<()> {
+        py.allow_threads(|| {
+            let mut g = lock(&self.inner);
+            match usize::try_from(n) {
+                Ok(n) if n <= g.len() => {
+                    g.drop_front(n);
+                    Ok(())
+                }
+                _ => Err(format!(
+                    "{}: cannot drop {n} of {} rows",
+                    self.schema.table,
+                    g.len()
+                )),
+            }
+        })
+        .map_err(PyValueError::new_err)
+    }
+}
+
+// -- Python columns in ---------------------------------------------------------------------------
+
+/// Columns read whole into a fresh `TableCols` (so a bad value leaves the caller's rows untouched).
+fn read_columns(
+    py: Python<'_>,
+    schema: &'static Schema,
+    columns: &Bound<'_, PyAny>,
+) -> PyResult<TableCols> {
+    let given: Vec<Bound<'_, PyAny>> = columns.try_iter()?.collect::<PyResult<_>>()?;
+    let names = || {
+        schema
+            .columns
+            .iter()
+            .map(|c| c.0)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if given.len() != schema.columns.len() {
+        return Err(PyValueError::new_err(format!(
+            "{} takes {} columns ({}), got {}",
+            schema.table,
+            schema.columns.len(),
+            names(),
+            given.len()
+        )));
+    }
+    let mut lists = Vec::with_capacity(given.len());
+    for col in given {
+        lists.push(match col.downcast_into::<PyList>() {
+            Ok(list) => list,
+            Err(e) => PyList::type_object(py)
+                .call1((e.into_inner(),))?
+                .downcast_into::<PyList>()?,
+        });
+    }
+    let rows = lists[0].len();
+    let mut cols = TableCols::new(schema);
+    for (c, list) in lists.iter().enumerate() {
+        if list.len() != rows {
+            return Err(PyValueError::new_err(format!(
+                "{}: column {} has {} rows, column {} has {rows}",
+                schema.table,
+                schema.columns[c].0,
+                list.len(),
+                schema.columns[0].0
+            )));
+        }
+        fill(&mut cols.cols[c], list).map_err(|(row, wrong_type, expected)| {
+            let item = list.get_item(row).ok();
+            let shown = item
+                .as_ref()
+                .and_then(|i| i.repr().ok())
+                .map(|r| r.to_string_lossy().chars().take(80).collect::<String>())
+                .unwrap_or_default();
+            let type_name = item
+                .and_then(|i| i.get_type().name().ok().map(|n| n.to_string()))
+                .unwrap_or_default();
+            let msg = format!(
+                "{}.{} row {row}: expected {expected}, got {shown} ({type_name})",
+                schema.table, schema.columns[c].0
+            );
+            if wrong_type {
+                PyTypeError::new_err(msg)
+            } else {
+                PyValueError::new_err(msg)
+            }
+        })?;
+    }
+    cols.set_rows(rows);
+    Ok(cols)
+}
+
+/// A bad value: (row, whether its type is wrong rather than its value, what was expected).
+type Bad = (usize, bool, &'static str);
+
+/// An int as u64 (`Err(true)`: not an int; `Err(false)`: out of range).
+#[inline]
+fn as_u64(item: &Bound<'_, PyAny>) -> Result<u64, bool> {
+    if !item.is_instance_of::<PyInt>() {
+        return Err(true);
+    }
+    // SAFETY: item is a live int; on failure the call sets an error, taken (cleared) here.
+    let v = unsafe { ffi::PyLong_AsUnsignedLongLong(item.as_ptr()) };
+    if v == u64::MAX && PyErr::take(item.py()).is_some() {
+        return Err(false);
+    }
+    Ok(v)
+}
+
+#[inline]
+fn as_i64(item: &Bound<'_, PyAny>) -> Result<i64, bool> {
+    if !item.is_instance_of::<PyInt>() {
+        return Err(true);
+    }
+    // SAFETY: as in `as_u64`.
+    let v = unsafe { ffi::PyLong_AsLongLong(item.as_ptr()) };
+    if v == -1 && PyErr::take(item.py()).is_some() {
+        return Err(false);
+    }
+    Ok(v)
+}
+
+#[inline]
+fn as_f64(item: &Bound<'_, PyAny>) -> Result<f64, bool> {
+    if let Ok(f) = item.downcast::<PyFloat>() {
+        return Ok(f.value());
+    }
+    if !item.is_instance_of::<PyInt>() {
+        return Err(true);
+    }
+    item.extract::<f64>().map_err(|_| false)
+}
+
+/// `as_u64` narrowed to `T`.
+#[inline]
+fn as_uint<T: TryFrom<u64>>(item: &Bound<'_, PyAny>) -> Result<T, bool> {
+    as_u64(item).and_then(|v| T::try_from(v).map_err(|_| false))
+}
+
+fn fill(col: &mut Col, list: &Bound<'_, PyList>) -> Result<(), Bad> {
+    macro_rules! each {
+        ($vec:expr, $expected:literal, $read:expr) => {{
+            $vec.reserve(list.len());
+            for (row, item) in list.iter().enumerate() {
+                $vec.push($read(&item).map_err(|t| (row, t, $expected))?);
+            }
+        }};
+    }
+    match col {
+        Col::I64(v) => each!(v, "an int (microseconds)", as_i64),
+        Col::U8(v) => each!(v, "a bool or an int in UInt8 range", as_uint::<u8>),
+        Col::U16(v) => each!(v, "an int in UInt16 range", as_uint::<u16>),
+        Col::U32(v) => each!(v, "an int in UInt32 range", as_uint::<u32>),
+        Col::U64(v) => each!(v, "an int in UInt64 range", as_u64),
+        Col::I32(v) => each!(v, "an int in Int32 range", |i| as_i64(i)
+            .and_then(|v| i32::try_from(v).map_err(|_| false))),
+        Col::F64(v) => each!(v, "a float", as_f64),
+        Col::Str { bytes, offs } => {
+            offs.reserve(list.len());
+            for (row, item) in list.iter().enumerate() {
+                let s = as_str(&item).map_err(|t| (row, t, "a str"))?;
+                bytes.extend_from_slice(s.as_bytes());
+                offs.push(bytes.len());
+            }
+        }
+        Col::Lc { ids, dict } => {
+            ids.reserve(list.len());
+            // a column repeats the same str object (a message's node id on each of its rows): one lookup per run
+            let mut last: (*mut ffi::PyObject, u32) = (std::ptr::null_mut(), 0);
+            for (row, item) in list.iter().enumerate() {
+                if item.as_ptr() != last.0 {
+                    let s = as_str(&item).map_err(|t| (row, t, "a str"))?;
+                    last = (item.as_ptr(), dict.intern(s));
+                }
+                ids.push(last.1);
+            }
+        }
+        Col::Arr { values, offs } => {
+            offs.reserve(list.len());
+            for (row, item) in list.iter().enumerate() {
+                let expected = "a list of ints in UInt64 range";
+                let inner = match item.downcast::<PyList>() {
+                    Ok(l) => l.clone(),
+                    Err(_) => PyList::type_object(list.py())
+                        .call1((item,))
+                        .and_then(|l| Ok(l.downcast_into::<PyList>()?))
+                        .map_err(|_| (row, true, expected))?,
+                };
+                values.reserve(inner.len());
+                for v in inner.iter() {
+                    values.push(as_u64(&v).map_err(|t| (row, t, expected))?);
+                }
+                offs.push(values.len());
+            }
+        }
+        Col::OptU32 { nulls, values } => {
+            for (row, item) in list.iter().enumerate() {
+                let v = if item.is_none() {
+                    None
+                } else {
+                    Some(as_uint::<u32>(&item))
+                };
+                let v = v
+                    .transpose()
+                    .map_err(|t| (row, t, "None or an int in UInt32 range"))?;
+                nulls.push(v.is_none() as u8);
+                values.push(v.unwrap_or(0));
+            }
+        }
+        Col::OptF64 { nulls, values } => {
+            for (row, item) in list.iter().enumerate() {
+                let v = if item.is_none() {
+                    None
+                } else {
+                    Some(as_f64(&item))
+                };
+                let v = v.transpose().map_err(|t| (row, t, "None or a float"))?;
+                nulls.push(v.is_none() as u8);
+                values.push(v.unwrap_or(0.0));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn as_str<'a>(item: &'a Bound<'_, PyAny>) -> Result<&'a str, bool> {
+    let s = item.downcast::<PyString>().map_err(|_| true)?;
+    // a str with lone surrogates has no UTF-8 form: a bad value, not a bad type
+    s.to_str().map_err(|_| {
+        PyErr::take(item.py());
+        false
+    })
+}
+
+// -- Python columns out --------------------------------------------------------------------------
+
+fn column_to_list<'py>(py: Python<'py>, col: &Col) -> PyResult<Bound<'py, PyList>> {
+    match col {
+        Col::I64(v) => PyList::new(py, v),
+        Col::U8(v) => PyList::new(py, v),
+        Col::U16(v) => PyList::new(py, v),
+        Col::U32(v) => PyList::new(py, v),
+        Col::U64(v) => PyList::new(py, v),
+        Col::I32(v) => PyList::new(py, v),
+        Col::F64(v) => PyList::new(py, v),
+        Col::Str { bytes, offs } => PyList::new(
+            py,
+            offs.windows(2)
+                .map(|w| std::str::from_utf8(&bytes[w[0]..w[1]]).expect("pushed as str")),
+        ),
+        Col::Lc { ids, dict } => {
+            // one str object per distinct value, shared by its rows
+            let mut made: Vec<Option<Bound<'py, PyString>>> = vec![None; dict.strs.len()];
+            let items = ids.iter().map(|&id| {
+                made[id as usize]
+                    .get_or_insert_with(|| PyString::new(py, &dict.strs[id as usize]))
+                    .clone()
+            });
+            PyList::new(py, items.collect::<Vec<_>>())
+        }
+        Col::Arr { values, offs } => {
+            let rows = offs
+                .windows(2)
+                .map(|w| PyList::new(py, &values[w[0]..w[1]]));
+            PyList::new(py, rows.collect::<PyResult<Vec<_>>>()?)
+        }
+        Col::OptU32 { nulls, values } => PyList::new(
+            py,
+            nulls
+                .iter()
+                .zip(values)
+                .map(|(&n, &v)| (n == 0).then_some(v)),
+        ),
+        Col::OptF64 { nulls, values } => PyList::new(
+            py,
+            nulls
+                .iter()
+                .zip(values)
+                .map(|(&n, &v)| (n == 0).then_some(v)),
+        ),
+    }
+}
