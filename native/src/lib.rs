@@ -14,7 +14,10 @@
 //!   its fast reader; `answer`: the
 //!   JSON written); `serve` (Python face
 //!   `pyserve::RouteServer`): the HTTP server that runs it on threads of its own
-//!   (`processors/routing/routeserve.py`), passing everything else to the Python app.
+//!   (`processors/routing/routeserve.py`), passing everything else to the Python app;
+//! - `chcols` (Python face `pychcols::NativeRows`): the analytics tables' rows as typed columns and
+//!   their ClickHouse Native-format blocks, for the analytics sink's inserts
+//!   (`processors/analytics/tables.py`).
 //!
 //! Python owns the API, the errors and the layout rules (`gpu/layout.py`, `gpu/hit.py`); each part
 //! has a Python reference that a property test holds it equal to.
@@ -23,6 +26,7 @@ mod answer;
 mod ask;
 mod askread;
 pub mod batch;
+pub mod chcols;
 pub mod decide;
 pub mod envelope;
 pub mod hashmemo;
@@ -34,6 +38,7 @@ pub mod store;
 pub mod tokenhash;
 
 mod ingestrun;
+mod pychcols;
 mod pyhit;
 mod pyroute;
 mod pyserve;
@@ -198,7 +203,7 @@ fn sha256_token_chain<'py>(
 /// their arguments and answers). Bump it with any change to that surface, together with
 /// `API_VERSION` in `processors/core/native.py` and `native/kvpipe_native.pyi`: an extension built
 /// from other sources then reads as "not native" there, with the reason, instead of failing mid-run.
-pub const API_VERSION: u32 = 2;
+pub const API_VERSION: u32 = 3;
 
 #[pymodule]
 fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -209,6 +214,7 @@ fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<MemberTable>()?;
     m.add_class::<pyroute::NativeRouter>()?;
     m.add_class::<pyserve::RouteServer>()?;
+    m.add_class::<pychcols::NativeRows>()?;
     m.add_function(wrap_pyfunction!(parse_batch, m)?)?;
     m.add_function(wrap_pyfunction!(sha256_token_chain, m)?)?;
     m.add_function(wrap_pyfunction!(ingestrun::ingest_run, m)?)?;

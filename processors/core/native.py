@@ -10,8 +10,8 @@ The engine, decided once at import:
             a wheel that is not there), or installed from other sources (an older build lacking names, another
             `API_VERSION`). A partial or stale build runs as "python": the native parts (the block store, the batch
             reader, the ingest run, snapshot records, the hit engine, the cohort call, the route decision and
-            server, the token hash chain) are one surface, versioned together, so one answer covers them all and
-            no caller probes for a single feature.
+            server, the token hash chain, the analytics rows' Native encoder) are one surface, versioned together,
+            so one answer covers them all and no caller probes for a single feature.
 
 The Python engine is the reference, not a degraded copy: every native part has a Python twin holding the same
 rules (`slots.PyStore`, `kvpipe.schemas.codec.decode_vllm_batch`, `Ingest._handle_batch_each`, the snapshot
@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Literal, NamedTuple, TypeVar
 
 if TYPE_CHECKING:
-    from kvpipe_native import Batch, HitEngine, IndexStore, MemberTable, NativeRouter, RouteServer
+    from kvpipe_native import Batch, HitEngine, IndexStore, MemberTable, NativeRouter, NativeRows, RouteServer
     from typing_extensions import Buffer
 
     from kvpipe.processors.core.outcomes import KafkaRecord
@@ -53,11 +53,11 @@ else:
     _import_error = None
 
 Engine = Literal["native", "python"]
-API_VERSION = 2  # the extension's surface this module is written against (native/src/lib.rs: API_VERSION)
+API_VERSION = 3  # the extension's surface this module is written against (native/src/lib.rs: API_VERSION)
 # Every name the extension exports (the stub's `__all__`; tests/unit/test_native_facade.py holds the two equal).
 SURFACE = frozenset({"API_VERSION", "Batch", "GPU_MEDIUM", "HitEngine", "IndexStore", "MEDIA_BITS", "MemberTable",
-                     "NativeRouter", "RouteServer", "UNKNOWN_MEDIUM", "ingest_run", "parse_batch", "read_slot_head",
-                     "serve_static", "sha256_token_chain"})
+                     "NativeRouter", "NativeRows", "RouteServer", "UNKNOWN_MEDIUM", "ingest_run", "parse_batch",
+                     "read_slot_head", "serve_static", "sha256_token_chain"})
 # digests of held prompt units the native route decision remembers (native/src/hashmemo.rs), ~200 bytes each
 MEMO_ENTRIES = 65_536
 _BUILD = "infra/scripts/native.sh builds it (infra/scripts/venv.sh runs that)"
@@ -151,6 +151,13 @@ def hit_rules() -> dict[str, int]:
     if _status.engine != "native":
         return {}
     return dict(kvpipe_native.HitEngine.RULES)
+
+
+def native_rows(table: str) -> NativeRows:
+    """An analytics table's rows as native columns (`kvpipe_native.NativeRows`), encoded for `raw_insert` as
+    ClickHouse's Native format; ValueError for a table it does not know."""
+    require("the native analytics rows")
+    return kvpipe_native.NativeRows(table)
 
 
 def member_table(owners: Sequence[int], models: Sequence[int]) -> MemberTable:
