@@ -7,6 +7,8 @@
 //! - `snapshot`: a slot's snapshot record written and read as msgspec's bytes;
 //! - `hit` (Python face `pyhit::HitEngine`): vLLM's hybrid hit on held positions, and `route`: every
 //!   node of a cohort searched from the store in one call (`processors/router/cohort.py`);
+//! - `captrack`: the analytics app's capacity tracker, re-stores with their LRU stack distances
+//!   and the CPU tier's copies (`processors/analytics/restores.py`, `cputier.py`);
 //! - `tokenhash`: vLLM's default block hash chained over token ids (`processors/router/hashing.py`),
 //!   and `hashmemo`: the digests of units nodes hold, remembered so a routed prefix is hashed once;
 //! - `decide` (Python face `pyroute::NativeRouter`): the route decision of the common request without
@@ -23,6 +25,7 @@ mod answer;
 mod ask;
 mod askread;
 pub mod batch;
+pub mod captrack;
 pub mod decide;
 pub mod envelope;
 pub mod hashmemo;
