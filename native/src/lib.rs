@@ -7,8 +7,9 @@
 //! - `snapshot`: a slot's snapshot record written and read as msgspec's bytes;
 //! - `hit` (Python face `pyhit::HitEngine`): vLLM's hybrid hit on held positions, and `route`: every
 //!   node of a cohort searched from the store in one call (`processors/router/cohort.py`);
-//! - `captrack`: the analytics app's capacity tracker, re-stores with their LRU stack distances
-//!   and the CPU tier's copies (`processors/analytics/restores.py`, `cputier.py`);
+//! - `captrack` (Python face `pycaptrack::PyCapacityCore`, `CapacityCore` in Python): the analytics
+//!   app's capacity tracker, re-stores with their LRU stack distances and the CPU tier's copies
+//!   (`processors/analytics/nativetrack.py`; the rules of `restores.py` and `cputier.py`);
 //! - `tokenhash`: vLLM's default block hash chained over token ids (`processors/router/hashing.py`),
 //!   and `hashmemo`: the digests of units nodes hold, remembered so a routed prefix is hashed once;
 //! - `decide` (Python face `pyroute::NativeRouter`): the route decision of the common request without
@@ -37,6 +38,7 @@ pub mod store;
 pub mod tokenhash;
 
 mod ingestrun;
+mod pycaptrack;
 mod pyhit;
 mod pyroute;
 mod pyserve;
@@ -201,7 +203,7 @@ fn sha256_token_chain<'py>(
 /// their arguments and answers). Bump it with any change to that surface, together with
 /// `API_VERSION` in `processors/core/native.py` and `native/kvpipe_native.pyi`: an extension built
 /// from other sources then reads as "not native" there, with the reason, instead of failing mid-run.
-pub const API_VERSION: u32 = 2;
+pub const API_VERSION: u32 = 3;
 
 #[pymodule]
 fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -212,6 +214,7 @@ fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<MemberTable>()?;
     m.add_class::<pyroute::NativeRouter>()?;
     m.add_class::<pyserve::RouteServer>()?;
+    m.add_class::<pycaptrack::PyCapacityCore>()?;
     m.add_function(wrap_pyfunction!(parse_batch, m)?)?;
     m.add_function(wrap_pyfunction!(sha256_token_chain, m)?)?;
     m.add_function(wrap_pyfunction!(ingestrun::ingest_run, m)?)?;
