@@ -316,7 +316,11 @@ impl PyCapacityCore {
             } else {
                 group.extract()?
             };
-            let keys = keys_of(&hashes.get_item(i)?)?;
+            let mut keys = std::mem::take(&mut self.keys);
+            keys.clear();
+            for h in list(hashes.get_item(i)?)?.iter() {
+                keys.push(key_of(&h)?);
+            }
             if gpu {
                 out.push(self.core.cpu_gpu_store(node, group, &keys));
             } else {
@@ -324,6 +328,7 @@ impl PyCapacityCore {
                     .cpu_add(node, group, &keys, if storing { 1 } else { -1 });
                 out.push(0);
             }
+            self.keys = keys;
         }
         PyList::new(py, out)
     }
