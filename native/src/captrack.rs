@@ -290,7 +290,8 @@ impl CapacityCore {
 
     /// Put one slot rebuilt elsewhere in place of any slot of that key (RestoreTracker.install, one entry of
     /// its `slots`): its stack's keys oldest first and room (see `stack::Stack::install`), the ends of
-    /// its hashes (those the stack does not hold are dropped: they move no output), and its held blocks.
+    /// its hashes (those the stack does not hold are dropped: they move no output), its held blocks, and
+    /// its stack's bound (a Python `Slot` keeps the one it was made with; None: the tracker's).
     #[allow(clippy::too_many_arguments)]
     pub fn install_slot(
         &mut self,
@@ -302,8 +303,9 @@ impl CapacityCore {
         room: usize,
         ended: &[(u64, f64, &str)],
         held: u64,
+        max_keys: Option<usize>,
     ) -> Result<(), String> {
-        let mut stack = Stack::install(self.max_keys, keys, room)
+        let mut stack = Stack::install(max_keys.unwrap_or(self.max_keys), keys, room)
             .map_err(|e| format!("slot ({node:?}, {group}, {medium:?}): {e}"))?;
         for &(h, removed_ts, reason) in ended {
             if let Some(e) = stack.entry_mut(h) {

@@ -349,8 +349,9 @@ impl PyCapacityCore {
     }
 
     /// One slot of RestoreTracker.install, replacing any of its key: its stack's `order()` and `room()`,
-    /// `ended` ({hash: (removed_ts, reason)}) and `held`.
+    /// `ended` ({hash: (removed_ts, reason)}), `held`, and its stack's `max_keys` (None: the tracker's).
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (node, group, medium, partition, keys, room, ended, held, max_keys=None))]
     fn install_slot(
         &mut self,
         node: &str,
@@ -361,6 +362,7 @@ impl PyCapacityCore {
         room: usize,
         ended: &Bound<'_, PyDict>,
         held: u64,
+        max_keys: Option<usize>,
     ) -> PyResult<()> {
         let keys = keys_of(keys)?;
         let mut ends: Vec<(u64, f64, String)> = Vec::with_capacity(ended.len());
@@ -371,7 +373,9 @@ impl PyCapacityCore {
         let ends: Vec<(u64, f64, &str)> =
             ends.iter().map(|(h, t, r)| (*h, *t, r.as_str())).collect();
         self.core
-            .install_slot(node, group, medium, partition, &keys, room, &ends, held)
+            .install_slot(
+                node, group, medium, partition, &keys, room, &ends, held, max_keys,
+            )
             .map_err(err)
     }
 

@@ -140,12 +140,13 @@ class NativeCapacityTracker(CapacityTracking):
     def install(self, partition: int, slots: dict[SlotKey, Slot]) -> None:
         """`CapacityTracker.install`: replace one partition's state with `slots` (a `restore_state.PartitionState`
         brings the CPU counts as `cpu`; a plain dict none, the partition's events then counting None). Each slot is
-        copied in with its stack's order and room, so it forgets what the Python stack would, when it would."""
+        copied in with its stack's order, room and bound, so it forgets what the Python stack would, when it would."""
         self.forget_partition(partition)
         for (node, group, medium), slot in slots.items():
             stack = slot.stack
             keys = cast(list[int], stack.order())  # a slot's stack holds u64 hashes (restores.py `_stored`)
-            self.core.install_slot(node, group, medium, slot.partition, keys, stack.room(), slot.ended, slot.held)
+            self.core.install_slot(node, group, medium, slot.partition, keys, stack.room(), slot.ended, slot.held,
+                                   stack.max_keys)
         self.loaded.add(partition)
         cpu = getattr(slots, "cpu", None)
         if cpu is not None:

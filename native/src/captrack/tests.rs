@@ -124,7 +124,8 @@ fn an_end_then_a_store_is_a_re_store_and_a_store_of_a_held_hash_is_not() {
 /// but one; one BlockStored of `hashes`. Returns (rows as (hash, distance, held), held after, order).
 fn stale_case(hashes: &[u64]) -> (Vec<(u64, u64, u64)>, u64, Vec<u64>) {
     let mut core = CapacityCore::new(2);
-    core.install_slot("n", 0, "GPU", 0, &[1, 2, 3], 1, &[(1, 5.0, EVICTED)], 3)
+    let ended = [(1, 5.0, EVICTED)];
+    core.install_slot("n", 0, "GPU", 0, &[1, 2, 3], 1, &ended, 3, None)
         .unwrap();
     let mut out = Vec::new();
     core.stored("n", 0, "GPU", 0, hashes, &mut out);
@@ -159,17 +160,9 @@ fn forget_partition_drops_its_slots_and_counts_and_install_replaces_a_slot() {
     core.forget_partition(0);
     assert_eq!(core.slots().map(|s| s.node).collect::<Vec<_>>(), vec!["b"]);
     assert!(!core.cpu_message("a", 1, 0) && core.cpu_unknown() == vec![0]);
-    core.install_slot(
-        "b",
-        0,
-        "GPU",
-        1,
-        &[4, 5],
-        3,
-        &[(4, 2.0, "cleared"), (9, 2.0, EVICTED)],
-        1,
-    )
-    .unwrap();
+    let ended = [(4, 2.0, "cleared"), (9, 2.0, EVICTED)];
+    core.install_slot("b", 0, "GPU", 1, &[4, 5], 3, &ended, 1, Some(8))
+        .unwrap();
     let slot = core.slot("b", 0, "GPU").unwrap();
     assert_eq!((slot.order(), slot.room(), slot.held), (vec![4, 5], 3, 1));
     assert_eq!(slot.ended(), vec![(4, 2.0, "cleared")]); // 9: not in the stack, moves nothing
