@@ -7,6 +7,9 @@
 //! - `snapshot`: a slot's snapshot record written and read as msgspec's bytes;
 //! - `hit` (Python face `pyhit::HitEngine`): vLLM's hybrid hit on held positions, and `route`: every
 //!   node of a cohort searched from the store in one call (`processors/router/cohort.py`);
+//! - `captrack` (Python face `pycaptrack::PyCapacityCore`, `CapacityCore` in Python): the analytics
+//!   app's capacity tracker, re-stores with their LRU stack distances and the CPU tier's copies
+//!   (`processors/analytics/nativetrack.py`; the rules of `restores.py` and `cputier.py`);
 //! - `tokenhash`: vLLM's default block hash chained over token ids (`processors/router/hashing.py`),
 //!   and `hashmemo`: the digests of units nodes hold, remembered so a routed prefix is hashed once;
 //! - `decide` (Python face `pyroute::NativeRouter`): the route decision of the common request without
@@ -27,6 +30,7 @@ mod ask;
 mod askread;
 pub mod batch;
 pub mod chcols;
+pub mod captrack;
 pub mod decide;
 pub mod envelope;
 pub mod hashmemo;
@@ -39,6 +43,7 @@ pub mod tokenhash;
 
 mod ingestrun;
 mod pychcols;
+mod pycaptrack;
 mod pyhit;
 mod pyroute;
 mod pyserve;
@@ -215,6 +220,7 @@ fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pyroute::NativeRouter>()?;
     m.add_class::<pyserve::RouteServer>()?;
     m.add_class::<pychcols::NativeRows>()?;
+    m.add_class::<pycaptrack::PyCapacityCore>()?;
     m.add_function(wrap_pyfunction!(parse_batch, m)?)?;
     m.add_function(wrap_pyfunction!(sha256_token_chain, m)?)?;
     m.add_function(wrap_pyfunction!(ingestrun::ingest_run, m)?)?;

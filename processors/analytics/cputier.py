@@ -31,9 +31,10 @@ Invariants and decisions:
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Protocol, Sequence
 
-from kvpipe.processors.analytics.restores import RestoreTracker, Slot, SlotKey
+from kvpipe.processors.analytics.restores import RestoreRow, RestoreTracker, Slot, SlotKey
+from kvpipe.processors.core.lifetimes import LifetimeColumns, LifetimeRow
 from kvpipe.schemas.envelope import Envelope
 from kvpipe.schemas.events import MEDIUM_CPU, MEDIUM_GPU, BlockRemoved, BlockStored, Event
 
@@ -110,7 +111,41 @@ def _add(groups: Counts, group: int, hashes: list[int], step: int) -> None:
             del held[h]
 
 
-class CapacityTracker(RestoreTracker):
+class CpuCounts(Protocol):
+    """What the app's tracker offers of the CPU tier's counts (`CpuTier`, or the native one's view)."""
+
+    def observe(self, env: Envelope, events: Sequence[Event], hashes: Sequence[list[int]],
+                partition: int) -> list[int] | list[None]: ...
+    def forget_partition(self, partition: int) -> None: ...
+    def install(self, partition: int, nodes: dict[str, NodeCopies]) -> None: ...
+    def entries(self) -> int: ...
+
+
+class CapacityTracking:
+    """The app's tracker as `derive.message_rows` and `restore_state.install` use it: re-stores per message and the
+    CPU tier's counts (`cpu`), dropped and rebuilt per partition. Two implementations: `CapacityTracker` below (the
+    reference) and processors/analytics/nativetrack.py's `NativeCapacityTracker` (the same state, native). A base
+    class, not a Protocol: `message_rows` tests it per message, and isinstance on a class is cheap."""
+
+    cpu: CpuCounts
+    max_keys: int
+    loaded: set[int]
+
+    def observe(self, env: Envelope, events: list[Event], lifetimes: list[LifetimeRow] | LifetimeColumns,
+                partition: int, offset: int, kinds: Mapping[int, tuple[str, int]]) -> list[RestoreRow]:
+        raise NotImplementedError
+
+    def end_all(self, lifetimes: list[LifetimeRow] | LifetimeColumns) -> None:
+        raise NotImplementedError
+
+    def forget_partition(self, partition: int) -> None:
+        raise NotImplementedError
+
+    def install(self, partition: int, slots: dict[SlotKey, Slot]) -> None:
+        raise NotImplementedError
+
+
+class CapacityTracker(RestoreTracker, CapacityTracking):
     """The analytics app's tracker: the re-store tracker, and the CPU tier's counts beside it, dropped and rebuilt
     with it (per partition: `forget_partition`, `install` from processors/analytics/restore_state.py)."""
 

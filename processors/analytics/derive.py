@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvpipe.processors.core import lifetimes as lifecols
 from kvpipe.processors.core.lifetimes import LifetimeColumns
-from kvpipe.processors.analytics.cputier import CapacityTracker
+from kvpipe.processors.analytics.cputier import CapacityTracking
 from kvpipe.processors.analytics.restores import RestoreTracker, refine_reason_columns, refine_reasons
 from kvpipe.processors.analytics.rows import FROM_CPU_AT, HASHES_AT, event_columns_of, group_kinds_of, load_row
 from kvpipe.processors.analytics.tables import EVENTS, LIFETIMES, LOADS, RESTORES, MessageRows
@@ -22,12 +22,13 @@ from kvpipe.processors.core.ingest import Result
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
-def message_rows(result: Result, partition: int, offset: int, index: Index, tracker: RestoreTracker | None,
-                 now: float) -> MessageRows:
+def message_rows(result: Result, partition: int, offset: int, index: Index,
+                 tracker: RestoreTracker | CapacityTracking | None, now: float) -> MessageRows:
     """A message's rows by analytics table (`tables`: event columns, lifetimes, re-stores, load). Undecodable input yields none; a
     message not applied may still end lifetimes (its node's epoch moved on); only an applied one
     (heartbeats too) reports load, as only an applied one moves the index's `node.load`. The app's tracker
-    (`cputier.CapacityTracker`) also counts each GPU store's CPU-tier copies (`from_cpu_blocks`).
+    (`cputier.CapacityTracking`: the Python `CapacityTracker` or the native one) also counts each GPU store's
+    CPU-tier copies (`from_cpu_blocks`).
 
     Lifetimes come as the index made them: `LifetimeRow`s (the reference) or `LifetimeColumns`
     (`Index(lifetimes="columns")`, the app's), derived column by column without a row object."""
@@ -48,7 +49,7 @@ def message_rows(result: Result, partition: int, offset: int, index: Index, trac
         for lt in result.lifetimes:
             lt.group_kind = kinds.get(lt.group_idx, ("", 0))[0]
     rows = event_columns_of(env, result.events, partition, offset, now, kinds)
-    if isinstance(tracker, CapacityTracker) and len(rows):  # otherwise not counted: NULL, the query's old way
+    if isinstance(tracker, CapacityTracking) and len(rows):  # otherwise not counted: NULL, the query's old way
         cols = rows.columns
         cols[FROM_CPU_AT] = tracker.cpu.observe(env, result.events, cols[HASHES_AT], partition)
     restores = tracker.observe(env, result.events, result.lifetimes, partition, offset, kinds) if tracker else []
@@ -64,7 +65,8 @@ def node_kinds(index: Index, node_id: str, env=None) -> dict[int, tuple[str, int
     return group_kinds_of(env) if env is not None else {}
 
 
-def end_lifetimes(index: Index, tracker: RestoreTracker | None, env, lifetimes: list | LifetimeColumns) -> None:
+def end_lifetimes(index: Index, tracker: RestoreTracker | CapacityTracking | None, env,
+                  lifetimes: list | LifetimeColumns) -> None:
     """Lifetimes ended outside an applied message's events (expiry, epoch change): kinds, reasons, tracker."""
     if isinstance(lifetimes, LifetimeColumns):
         refine_reason_columns(env, lifetimes)

@@ -141,7 +141,8 @@ def query_state(read: Callable[[str, dict], dict[str, list]], offsets: dict[int,
     return out
 
 
-def install(tracker: RestoreTracker, index: Index, state: dict[int, dict[SlotKey, Slot]]) -> int:
+def install(tracker: RestoreTracker | cputier.CapacityTracking, index: Index,
+            state: dict[int, dict[SlotKey, Slot]]) -> int:
     """Put rebuilt partitions into the tracker (on the event loop); `held` from the restored index. Returns
     the number of hashes installed."""
     keys = 0

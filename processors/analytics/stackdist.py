@@ -71,6 +71,11 @@ class StackDistance:
             self._marks[p] = 0
             self._buckets[p >> _SHIFT] -= 1
 
+    def room(self) -> int:
+        """Accesses before the next compaction: with `order()`, what a copy needs to forget what this one would,
+        when it would (processors/analytics/nativetrack.py installs stacks so)."""
+        return self._size - self._t
+
     def order(self) -> list[Hashable]:
         """The remembered keys, least recently accessed first: all the state distances depend on."""
         return [k for k, _ in sorted(self._last.items(), key=lambda kv: kv[1])]

@@ -10,14 +10,17 @@ The engine, decided once at import:
             a wheel that is not there), or installed from other sources (an older build lacking names, another
             `API_VERSION`). A partial or stale build runs as "python": the native parts (the block store, the batch
             reader, the ingest run, snapshot records, the hit engine, the cohort call, the route decision and
-            server, the token hash chain, the analytics rows' Native encoder) are one surface, versioned together,
-            so one answer covers them all and no caller probes for a single feature.
+            server, the token hash chain, the analytics rows' Native encoder, the capacity tracker and the analytics
+            run) are one surface, versioned together, so one answer covers them all and no caller probes for a single
+            feature.
 
 The Python engine is the reference, not a degraded copy: every native part has a Python twin holding the same
 rules (`slots.PyStore`, `kvpipe.schemas.codec.decode_vllm_batch`, `Ingest._handle_batch_each`, the snapshot
-walk, `kvpipe.gpu.hit` through `router.hma`, the per-node route path, `kvpipe.gpu.hashing`), and a property test
-per part holds the two equal (tests/property/test_native_*.py). Settings may choose the Python engine where the
-native one runs (`index_store`, `route_search_engine`); nothing may choose the native one where it does not.
+walk, `kvpipe.gpu.hit` through `router.hma`, the per-node route path, `kvpipe.gpu.hashing`, the analytics app's
+`cputier.CapacityTracker`, `derive.message_rows` and clickhouse-connect's encoding), and a property test per part
+holds the two equal (tests/property/test_native_*.py). Settings may choose the Python engine where the native one
+runs (`index_store`, `route_search_engine`, `analytics_rows_engine`); nothing may choose the native one where it
+does not.
 
 Callers ask `engine()` (or `status()` for the reason too) and use the typed calls below; each raises
 `NativeUnavailable` with the reason when the Python engine runs, so a native path taken by mistake says why
@@ -40,7 +43,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Literal, NamedTuple, TypeVar
 
 if TYPE_CHECKING:
-    from kvpipe_native import Batch, HitEngine, IndexStore, MemberTable, NativeRouter, NativeRows, RouteServer
+    from kvpipe_native import Batch, CapacityCore, HitEngine, IndexStore, MemberTable, NativeRouter, NativeRows, \
+        RouteServer
     from typing_extensions import Buffer
 
     from kvpipe.processors.core.outcomes import KafkaRecord
@@ -55,9 +59,9 @@ else:
 Engine = Literal["native", "python"]
 API_VERSION = 3  # the extension's surface this module is written against (native/src/lib.rs: API_VERSION)
 # Every name the extension exports (the stub's `__all__`; tests/unit/test_native_facade.py holds the two equal).
-SURFACE = frozenset({"API_VERSION", "Batch", "GPU_MEDIUM", "HitEngine", "IndexStore", "MEDIA_BITS", "MemberTable",
-                     "NativeRouter", "NativeRows", "RouteServer", "UNKNOWN_MEDIUM", "ingest_run", "parse_batch",
-                     "read_slot_head", "serve_static", "sha256_token_chain"})
+SURFACE = frozenset({"API_VERSION", "Batch", "CapacityCore", "GPU_MEDIUM", "HitEngine", "IndexStore", "MEDIA_BITS",
+                     "MemberTable", "NativeRouter", "NativeRows", "RouteServer", "UNKNOWN_MEDIUM", "analytics_run",
+                     "ingest_run", "parse_batch", "read_slot_head", "serve_static", "sha256_token_chain"})
 # digests of held prompt units the native route decision remembers (native/src/hashmemo.rs), ~200 bytes each
 MEMO_ENTRIES = 65_536
 _BUILD = "infra/scripts/native.sh builds it (infra/scripts/venv.sh runs that)"
@@ -168,6 +172,13 @@ def member_table(owners: Sequence[int], models: Sequence[int]) -> MemberTable:
 def native_router(store: IndexStore, memo_entries: int = MEMO_ENTRIES) -> NativeRouter:
     require("the native route decision")
     return kvpipe_native.NativeRouter(store, memo_entries)
+
+
+def capacity_core(max_keys: int, stored_cls: type, removed_cls: type) -> CapacityCore:
+    """The analytics app's capacity tracker state (processors/analytics/nativetrack.py wraps it); `stored_cls`,
+    `removed_cls`: the BlockStored and BlockRemoved classes its calls take events of."""
+    require("the native capacity tracker")
+    return kvpipe_native.CapacityCore(max_keys, stored_cls, removed_cls)
 
 
 def media_bits() -> tuple[int, int, int]:
