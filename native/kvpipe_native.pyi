@@ -271,6 +271,17 @@ def ingest_run(store: IndexStore, records: list[_R], start: int, partition: int,
                           list[tuple[_Node, int, float, int, tuple[int, int, int, int, int, int], int | None,
                                      _Load | None, int, list[tuple[int, int]]]],
                           str | None]: ...
+# `ingest_run`'s answer, and one run's rows of kv_events, kv_block_lifetimes, kv_restores and kv_node_load
+def analytics_run(store: IndexStore, records: list[_R], start: int, partition: int, last_offset: int | None,
+                  stream_ts: float, nodes: Mapping[str, _Node], clock: Callable[[], float], max_bytes: int,
+                  max_skew_s: float, ttl_s: float | None, cap: int | None, headers: Sequence[tuple[str, bytes]],
+                  tracker: CapacityCore | None,
+                  ) -> tuple[tuple[int, float | None, int | None, float, float | None, list[float],
+                                   tuple[int, int, int, int],
+                                   list[tuple[_Node, int, float, int, tuple[int, int, int, int, int, int], int | None,
+                                              _Load | None, int, list[tuple[int, int]]]],
+                                   str | None],
+                             tuple[NativeRows, NativeRows, NativeRows, NativeRows]]: ...
 def serve_static(host: str, port: int, threads: int, token: str | None, max_body: int, read_timeout_s: float,
                  upstream_port: int | None, answer_json: bytes, forward_if_contains: bytes, *,
                  panic_if_contains: bytes | None = None, reuse_port: bool = False) -> RouteServer: ...

@@ -119,7 +119,9 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                                            "(an https DSN; empty: the system's CAs)")] = ""
     clickhouse_verify: Annotated[bool, Doc("verify the ClickHouse server's TLS certificate (an https DSN); turn off "
                                            "only for a test server")] = True
-    analytics_batch_rows: Annotated[int, Doc("rows per insert into the store")] = 5000
+    analytics_batch_rows: Annotated[int, msgspec.Meta(ge=1), Doc(
+        "rows per insert into the store (each insert is a part the store merges later: fewer, larger ones cost it "
+        "less; 20 000 took half the store's time of 5 000 per row, BENCHMARKS.md, analytics)")] = 20_000
     analytics_flush_s: Annotated[float, Doc("a partial batch is written after this long")] = 1.0
     analytics_max_queue_rows: Annotated[int, Doc("rows waiting for the store before consumption pauses")] = 100_000
     analytics_retry_max_s: Annotated[float, Doc("longest back-off between write retries while the store "
@@ -127,6 +129,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     analytics_capacity: Annotated[bool, Doc(
         "track re-stores and LRU stack distances for capacity planning (kv_restores, `kvpipe plan`); off saves "
         "the per-stored-block tracking cost (BENCHMARKS.md, analytics) when nobody plans capacity")] = True
+    analytics_rows_engine: Annotated[Literal["native", "python"], Doc(
+        "how the analytics app derives and encodes its rows: `native` (runs of common-case messages applied, "
+        "tracked and turned into Native-format columns by the native core, native/src/anarows.rs) or `python` "
+        "(the reference: one message at a time through processors/analytics/derive.py and clickhouse-connect's "
+        "encoding); the Python engine runs `python` whatever this says")] = "native"
 
     # analyst SQL (served by the analytics app): limits the engine enforces per query
     sql_max_execution_s: Annotated[float, Doc("analyst SQL: longest a query may run")] = 30.0

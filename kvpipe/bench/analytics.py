@@ -107,18 +107,24 @@ def direct_insert(dsn: str, events: list, lifetimes: list, batch: int) -> float:
         client.close()
 
 
-def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacity: bool) -> tuple[float, int]:
+def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacity: bool,
+                    rows_engine: str = "native") -> tuple[float, int]:
     """The fair baseline: everything the app does per message except Kafka, Faust and the writer
-    thread, in one thread — decode + index apply (`Ingest`), its row path (`derive.message_rows`,
-    with the re-store tracker when capacity tracking is on) and the sink's batches, column
-    conversions and inserts (the table registry's `take` and `insert`) in the sink's batch size.
-    Seconds (migrations excluded) and re-store rows written."""
+    thread, in one thread — decode + index apply (`Ingest`), its row path (with the re-store tracker when
+    capacity tracking is on) and the sink's batches, conversions and inserts (`tables`) in the sink's batch
+    size. With native rows (`rows_engine` "native" where the native core runs, as the app chooses in
+    processors/analytics/state.py) the records go in partition runs of `BatchDrainConsumer.max_run` through
+    `Ingest.handle_batch` with the app's `derive.RunRows`, and the batches are native columns inserted as
+    Native-format bytes; otherwise one message at a time through `derive.message_rows` and clickhouse-connect's
+    encoding. Seconds (migrations excluded) and re-store rows written."""
     import clickhouse_connect
 
-    from kvpipe.processors.analytics.derive import GC_THRESHOLDS, message_rows
-    from kvpipe.processors.analytics.tables import RESTORES, TABLES, Table
+    from kvpipe.processors.analytics.derive import GC_THRESHOLDS, RunRows, message_rows
+    from kvpipe.processors.analytics.tables import RESTORES, TABLES, native_batch, native_take
     from kvpipe.processors.analytics.migrations import apply_migrations
     from kvpipe.processors.analytics.cputier import CapacityTracker
+    from kvpipe.processors.core import native
+    from kvpipe.processors.core.batchdelivery import BatchDrainConsumer
 
     client = clickhouse_connect.get_client(dsn=dsn, **client_kwargs(dsn))
     thresholds = gc.get_threshold()
@@ -127,32 +133,63 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
     try:
         apply_migrations(client)
         index = Index(ttl_s=None, lifetimes="columns")  # as the app's (processors/analytics/state.py)
-        # the app's tracker (processors/analytics/state.py): re-stores and the CPU tier's copies
-        ingest, tracker = Ingest(index, max_bytes), CapacityTracker() if capacity else None
-        batches = {t.name: t.batch() for t in TABLES}
+        native_rows = rows_engine == "native" and native.engine() == "native" and index.store.kind == "native"
+        ingest = Ingest(index, max_bytes, native_runs=native_rows)
+        tracker: Any = None  # the app's tracker (processors/analytics/state.py): re-stores and CPU-tier copies
+        if capacity:
+            if native_rows:
+                from kvpipe.processors.analytics.nativetrack import NativeCapacityTracker
+                tracker = NativeCapacityTracker()
+            else:
+                tracker = CapacityTracker()
+        batches: dict[str, Any] = {t.name: native_batch(t) if native_rows else t.batch() for t in TABLES}
         written_restores = 0
 
-        def insert(table: Table, rows: Any, final: bool) -> None:
-            end = len(rows) if final else len(rows) - len(rows) % batch
-            for i in range(0, end, batch):
-                client.insert(table.name, table.insert(rows[i:min(i + batch, end)]), column_names=list(table.columns),
-                              column_oriented=True)
-            del rows[:end]
+        def take(table: Any, batch: Any, rows: Any) -> None:  # the sink writer's (processors/analytics/sink.py)
+            if native_rows:
+                native_take(table, batch, rows)
+            else:
+                table.take(batch, rows)
 
-        started = time.perf_counter()
-        for n, r in enumerate(records, 1):
-            record_ts = r.timestamp if r.timestamp_type == 1 else None
-            result = ingest.handle(r.value, r.headers, r.partition, r.offset, time.time(), record_ts)
-            rows = message_rows(result, r.partition, r.offset, index, tracker, time.time())
+        def submit(rows: Any) -> None:
+            nonlocal written_restores
             for table in TABLES:
                 got = rows.get(table.name)
-                if got is not None and len(got):
-                    table.take(batches[table.name], got)  # lifetimes numbered per message, as the writer does
+                if got is not None and len(got):  # lifetimes numbered per submit, as the writer does
+                    take(table, batches[table.name], got)
             written_restores += len(rows.get(RESTORES, ()))
-            final = n == len(records)
+
+        def insert(final: bool) -> None:
             for table in TABLES:
-                if final or len(batches[table.name]) >= batch:
-                    insert(table, batches[table.name], final)
+                rows = batches[table.name]
+                end = len(rows) if final else len(rows) - len(rows) % batch
+                for i in range(0, end, batch):
+                    j = min(i + batch, end)
+                    if native_rows:
+                        client.raw_insert(table.name, list(table.columns), insert_block=rows.encode(i, j),
+                                          fmt="Native")
+                    else:
+                        client.insert(table.name, table.insert(rows[i:j]), column_names=list(table.columns),
+                                      column_oriented=True)
+                if native_rows:
+                    rows.drop_front(end)
+                else:
+                    del rows[:end]
+
+        run_rows = RunRows(index, tracker, submit) if native_rows else None
+        started = time.perf_counter()
+        for run in _partition_runs(records, BatchDrainConsumer.max_run):
+            if run_rows is not None:
+                done = 0
+                while done < len(run):
+                    done += ingest.handle_batch(run[done:] if done else run, rows=run_rows).handled
+            else:
+                for r in run:
+                    record_ts = r.timestamp / 1000.0 if r.timestamp_type == 1 else None  # aiokafka's are ms
+                    result = ingest.handle(r.value, r.headers, r.partition, r.offset, time.time(), record_ts)
+                    submit(message_rows(result, r.partition, r.offset, index, tracker, time.time()))
+            insert(final=False)
+        insert(final=True)
         return time.perf_counter() - started, written_restores
     finally:
         gc.set_threshold(*thresholds)
@@ -160,11 +197,36 @@ def pipeline_insert(dsn: str, records: list, max_bytes: int, batch: int, capacit
         client.close()
 
 
+def serving_messages(steps: int, nodes: int) -> list[tuple[bytes, bytes]]:
+    """`(key, value)` of the demo-like workload's steps as a node publishes them (key = node id)."""
+    from kvpipe.bench.workload import serving_steps
+
+    out = []
+    for env, events in serving_steps(steps, nodes=nodes):
+        env.num_events = len(events)
+        env.batch = msgspec.Raw(encode_vllm_batch(events, env.ts))
+        out.append((env.node_id.encode(), encode_envelope(env)))
+    return out
+
+
+def _partition_runs(records: list, longest: int) -> list[list]:
+    """The records as batched delivery hands them over: consecutive records of one partition, at most `longest`."""
+    runs: list[list] = []
+    for r in records:
+        if runs and runs[-1][0].partition == r.partition and len(runs[-1]) < longest:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return runs
+
+
 def app_rate(proc: ProcessorProcess, total_rows: int, timeout: float) -> dict:
     samples: list[tuple[float, int]] = []
     deadline = time.monotonic() + timeout
+    stats: dict = {}
     while time.monotonic() < deadline:
-        sink = proc.get("/stats")["sink"]
+        stats = proc.get("/stats")
+        sink = stats["sink"]
         written = sink["kv_events_written"] + sink["kv_block_lifetimes_written"]
         samples.append((time.perf_counter(), written))
         if written >= total_rows:
@@ -175,7 +237,11 @@ def app_rate(proc: ProcessorProcess, total_rows: int, timeout: float) -> dict:
         raise RuntimeError(f"analytics app wrote {samples[-1][1] if samples else 0}/{total_rows} rows in {timeout} s; "
                            f"log:\n{proc.log_tail()}")
     (t0, r0), (t1, r1) = moving[0], moving[-1]
-    return {"seconds": t1 - t0, "rows": r1 - r0}
+    # where the app waited: for room in its sink (the store behind), and how its consumer handed messages over
+    sink = stats["sink"]
+    return {"seconds": t1 - t0, "rows": r1 - r0,
+            "app": {"inserts": sink["batches"], "room_waits": sink["room_waits"],
+                    "room_wait_s": round(sink["room_wait_s"], 2), "deliveries": stats.get("deliveries", {})}}
 
 
 async def probe_freshness(proc: ProcessorProcess, bootstrap: str, topic: str, node_id: str, probes: int) -> list[float]:
@@ -296,6 +362,10 @@ def capacity_part(events: int, report_steps: int) -> dict:
 @click.option("--envelopes", type=int, default=20_000, show_default=True, help="envelopes pre-filled on the topic")
 @click.option("--events", type=int, default=25, show_default=True, help="events per envelope")
 @click.option("--nodes", type=int, default=32, show_default=True, help="publishing nodes")
+@click.option("--workload", type=click.Choice(["synthetic", "serving"]), default="synthetic", show_default=True,
+              help="synthetic: every envelope --events new blocks stored and old ones evicted (no re-store); serving: "
+                   "the demo-like workload (kvpipe/bench/workload.py: small steps, re-stores, a CPU tier, clears, "
+                   "restarts, load reports; --envelopes steps of --nodes nodes), the unfavourable case")
 @click.option("--partitions", type=int, default=4, show_default=True, help="partitions of the events topic")
 @click.option("--probes", type=int, default=100, show_default=True, help="freshness probes per phase")
 @click.option("--queries-rows", type=int, default=0, show_default=True,
@@ -336,7 +406,8 @@ def analytics_bench(**params: Any) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="kvpipe-bench-analytics-"))
     procs: list[ProcessorProcess] = []
     try:
-        messages = make_envelopes(args.envelopes, args.events, args.nodes, time.time() - 3600)
+        messages = (make_envelopes(args.envelopes, args.events, args.nodes, time.time() - 3600)
+                    if args.workload == "synthetic" else serving_messages(args.envelopes, args.nodes))
         asyncio.run(_prefill(bootstrap, topic, messages))
         _, records = asyncio.run(_raw_consume(bootstrap, topic, args.envelopes))
         events, lifetimes = derive_rows(records, settings.max_message_bytes)
@@ -344,7 +415,8 @@ def analytics_bench(**params: Any) -> dict:
         direct_s = direct_insert(f"chdb://{tmp / 'direct'}", events, lifetimes, settings.analytics_batch_rows)
         del events, lifetimes
         pipeline_s, pipeline_restores = pipeline_insert(f"chdb://{tmp / 'pipeline'}", records, settings.max_message_bytes,
-                                                        settings.analytics_batch_rows, settings.analytics_capacity)
+                                                        settings.analytics_batch_rows, settings.analytics_capacity,
+                                                        settings.analytics_rows_engine)
         del records
 
         env = {"KVPIPE_KAFKA_BOOTSTRAP": bootstrap, "KVPIPE_EVENTS_TOPIC": topic, "KVPIPE_DLQ_TOPIC": dlq,
@@ -356,6 +428,7 @@ def analytics_bench(**params: Any) -> dict:
                # the child sees only the KVPIPE_* given here (kvpipe/bench/procrun.py), so pass on what
                # the baselines were run with
                "KVPIPE_ANALYTICS_CAPACITY": str(settings.analytics_capacity).lower(),
+               "KVPIPE_ANALYTICS_ROWS_ENGINE": settings.analytics_rows_engine,
                "KVPIPE_ANALYTICS_BATCH_ROWS": str(settings.analytics_batch_rows),
                "KVPIPE_ANALYTICS_FLUSH_S": str(settings.analytics_flush_s)}
         analytics = ProcessorProcess(env, tmp / "analytics.log", command="analytics").start()
@@ -386,11 +459,13 @@ def analytics_bench(**params: Any) -> dict:
         "ratio_pipeline": round(app_rows_s * pipeline_s / total_rows, 4),
         "rows": total_rows,
         "envelopes": args.envelopes,
-        "events_per_envelope": args.events,
+        "workload": args.workload,
+        "events_per_envelope": args.events if args.workload == "synthetic" else None,
         "direct_insert_s": round(direct_s, 2),
         "pipeline_s": round(pipeline_s, 2),
         "pipeline_restore_rows": pipeline_restores,
         "app_write_s": round(rate["seconds"], 2),
+        "app_sink": rate["app"],
         "freshness_ms_p50_idle": round(statistics.median(idle), 2),
         "freshness_ms_p99_idle": _pct(idle, 0.99),
         "freshness_ms_p50_heavy_sql": round(statistics.median(loaded), 2),

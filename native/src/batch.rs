@@ -23,6 +23,21 @@ pub struct Ev {
     pub medium: u16,
     pub start: usize,
     pub end: usize,
+    /// A BlockStored's other fields the analytics rows carry (`processors/analytics/rows.py:
+    /// event_columns_of`); 0 / None on the other kinds.
+    pub stored: StoredFields,
+}
+
+/// What the analytics rows take from a BlockStored besides its keys.
+#[derive(Clone, Copy, Default)]
+pub struct StoredFields {
+    /// `parent_block_hash` as its 64-bit key; None when nil.
+    pub parent: Option<u64>,
+    /// `len(token_ids)`.
+    pub tokens: usize,
+    pub block_size: i64,
+    /// Index into `Parsed::kinds`; `NO_MEDIUM` for nil or "" (the rows then take the node's group kind).
+    pub spec_kind: u16,
 }
 
 pub const NO_MEDIUM: u16 = u16::MAX;
@@ -34,11 +49,19 @@ pub struct Parsed {
     pub keys: Vec<u64>,
     /// The batch's distinct media, in order of first use (one allocation per medium, not per event).
     pub media: Vec<String>,
+    /// The batch's distinct `kv_cache_spec_kind`s, the same way.
+    pub kinds: Vec<String>,
 }
 
 impl Parsed {
     pub fn medium(&self, ev: &Ev) -> Option<&str> {
         self.media.get(ev.medium as usize).map(String::as_str)
+    }
+
+    pub fn spec_kind(&self, ev: &Ev) -> Option<&str> {
+        self.kinds
+            .get(ev.stored.spec_kind as usize)
+            .map(String::as_str)
     }
 }
 
@@ -230,7 +253,30 @@ fn field_bit(kind: u8, key: &[u8]) -> Option<u32> {
 const REMOVED_REQUIRED: u32 = 0b11; // block_hashes, medium
 const STORED_REQUIRED: u32 = 0b11 | 0b1_1111 << 5; // and parent_block_hash .. lora_name
 
-fn event(rd: &mut Rd, keys: &mut Vec<u64>, media: &mut Vec<String>) -> Option<Ev> {
+/// A str interned in `names` (the batch's media or kinds): its index, `NO_MEDIUM` for nil or "".
+/// A name seen before is valid UTF-8 already, so each is checked once per batch.
+fn interned(rd: &mut Rd, names: &mut Vec<String>) -> Option<u16> {
+    if is_nil(rd) {
+        return Some(NO_MEDIUM);
+    }
+    let m = raw_str(rd)?;
+    match names.iter().position(|x| x.as_bytes() == m) {
+        _ if m.is_empty() => Some(NO_MEDIUM),
+        Some(at) => Some(at as u16),
+        None if names.len() < NO_MEDIUM as usize => {
+            names.push(std::str::from_utf8(m).ok()?.to_owned());
+            Some((names.len() - 1) as u16)
+        }
+        None => None,
+    }
+}
+
+fn event(
+    rd: &mut Rd,
+    keys: &mut Vec<u64>,
+    media: &mut Vec<String>,
+    kinds: &mut Vec<String>,
+) -> Option<Ev> {
     let n = map_len(rd)?;
     // The tag comes first (as vLLM's encoder writes it); a tag elsewhere is the reference's to read.
     if n == 0 || raw_str(rd)? != b"type" {
@@ -251,6 +297,10 @@ fn event(rd: &mut Rd, keys: &mut Vec<u64>, media: &mut Vec<String>) -> Option<Ev
     let mut seen = 0u32;
     let mut group = None;
     let mut medium = NO_MEDIUM;
+    let mut stored = StoredFields {
+        spec_kind: NO_MEDIUM,
+        ..StoredFields::default()
+    };
     for _ in 1..n {
         let bit = field_bit(kind, raw_str(rd)?)?;
         if seen & (1 << bit) != 0 {
@@ -266,38 +316,28 @@ fn event(rd: &mut Rd, keys: &mut Vec<u64>, media: &mut Vec<String>) -> Option<Ev
             }
             5 => {
                 if !is_nil(rd) {
-                    hash_key(rd)?;
+                    stored.parent = Some(hash_key(rd)?);
                 }
             }
             6 => {
-                for _ in 0..array_len(rd)? {
+                stored.tokens = array_len(rd)?;
+                for _ in 0..stored.tokens {
                     int(rd)?;
                 }
             }
             7 => {
-                int_i64(rd)?;
+                stored.block_size = int_i64(rd)?;
             }
             8 | 12 => {
                 opt_int(rd)?;
             }
             1 => {
-                medium = if is_nil(rd) {
-                    NO_MEDIUM
-                } else {
-                    let m = raw_str(rd)?;
-                    // a medium seen before is valid UTF-8 already: checked once per batch
-                    match media.iter().position(|x| x.as_bytes() == m) {
-                        _ if m.is_empty() => NO_MEDIUM,
-                        Some(at) => at as u16,
-                        None if media.len() < NO_MEDIUM as usize => {
-                            media.push(std::str::from_utf8(m).ok()?.to_owned());
-                            (media.len() - 1) as u16
-                        }
-                        None => return None,
-                    }
-                };
+                medium = interned(rd, media)?;
             }
-            3 | 4 | 9 | 11 | 13 => {
+            11 => {
+                stored.spec_kind = interned(rd, kinds)?;
+            }
+            3 | 4 | 9 | 13 => {
                 opt_string(rd)?;
             }
             2 => {
@@ -324,6 +364,7 @@ fn event(rd: &mut Rd, keys: &mut Vec<u64>, media: &mut Vec<String>) -> Option<Ev
         medium,
         start,
         end: keys.len(),
+        stored,
     })
 }
 
@@ -343,6 +384,7 @@ pub fn parse_into(rd: &mut Rd, out: &mut Parsed) -> Option<()> {
     out.events.clear();
     out.keys.clear();
     out.media.clear();
+    out.kinds.clear();
     let n = array_len(rd)?;
     if !(2..=3).contains(&n) {
         return None;
@@ -351,7 +393,7 @@ pub fn parse_into(rd: &mut Rd, out: &mut Parsed) -> Option<()> {
     let count = array_len(rd)?;
     out.events.reserve(count.min(1 << 16));
     for _ in 0..count {
-        let ev = event(rd, &mut out.keys, &mut out.media)?;
+        let ev = event(rd, &mut out.keys, &mut out.media, &mut out.kinds)?;
         out.events.push(ev);
     }
     if n == 3 {

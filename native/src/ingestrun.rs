@@ -13,6 +13,7 @@
 use std::sync::RwLockWriteGuard;
 use std::time::{Duration, Instant};
 
+use crate::anarows;
 use crate::batch::{Parsed, CLEARED, STORED};
 use crate::envelope;
 use crate::{store, IndexStore};
@@ -46,9 +47,11 @@ struct NodeRun {
     load: Option<(Option<i64>, Option<i64>, Option<f64>)>,
     spec_mismatches: i64,
     refused: Vec<(u32, usize)>,
+    /// The node's group specs as (group, kind, block size): read only for the analytics rows.
+    kinds: Vec<(i64, String, i64)>,
 }
 
-fn read_node(state: Bound<'_, PyAny>, tracked: bool) -> NodeRun {
+fn read_node(state: Bound<'_, PyAny>, tracked: bool, with_kinds: bool) -> NodeRun {
     let mut run = NodeRun {
         state: state.clone().unbind(),
         usable: false,
@@ -68,6 +71,7 @@ fn read_node(state: Bound<'_, PyAny>, tracked: bool) -> NodeRun {
         load: None,
         spec_mismatches: 0,
         refused: Vec::new(),
+        kinds: Vec::new(),
     };
     let read = |run: &mut NodeRun| -> PyResult<bool> {
         if tracked || state.getattr("expired")?.is_truthy()? {
@@ -82,6 +86,9 @@ fn read_node(state: Bound<'_, PyAny>, tracked: bool) -> NodeRun {
             let (group, medium): (u64, String) = key.extract()?;
             run.slots
                 .push((group, medium, slot.getattr("sid")?.extract()?));
+        }
+        if with_kinds {
+            run.kinds = anarows::node_kinds(&state)?;
         }
         Ok(true)
     };
@@ -153,7 +160,7 @@ type NodeOut = (
     i64,
     Vec<(u32, usize)>,
 );
-type RunOut = (
+pub(crate) type RunOut = (
     usize,
     Option<f64>,
     Option<i64>,
@@ -193,6 +200,58 @@ pub fn ingest_run(
     cap: Option<usize>,
     headers: Vec<(String, Vec<u8>)>,
 ) -> PyResult<RunOut> {
+    let limits = Limits {
+        max_bytes,
+        max_skew_s,
+        ttl_s,
+        cap,
+    };
+    run(
+        store,
+        records,
+        start,
+        partition,
+        last_offset,
+        stream_ts,
+        nodes,
+        tracks,
+        clock,
+        &limits,
+        &headers,
+        None,
+    )
+}
+
+/// The bounds `Ingest.handle` applies (the routing app's settings).
+pub(crate) struct Limits {
+    pub max_bytes: usize,
+    pub max_skew_s: f64,
+    pub ttl_s: Option<f64>,
+    pub cap: Option<usize>,
+}
+
+/// `ingest_run`, and with `rows` the analytics app's rows of every record it applies (`anarows`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    store: &Bound<'_, IndexStore>,
+    records: &Bound<'_, PyList>,
+    start: usize,
+    partition: i64,
+    last_offset: Option<i64>,
+    stream_ts: f64,
+    nodes: &Bound<'_, PyDict>,
+    tracks: Option<Bound<'_, PyAny>>,
+    clock: &Bound<'_, PyAny>,
+    limits: &Limits,
+    headers: &[(String, Vec<u8>)],
+    mut rows: Option<&mut anarows::AnalyticsRows<'_>>,
+) -> PyResult<RunOut> {
+    let Limits {
+        max_bytes,
+        max_skew_s,
+        ttl_s,
+        cap,
+    } = *limits;
     let py = store.py();
     let core = store.borrow_mut();
     let (a_partition, a_offset, a_value, a_headers, a_ts, a_ts_type) = (
@@ -249,7 +308,7 @@ pub fn ingest_run(
             break;
         };
         let data = value.as_bytes();
-        if data.len() > max_bytes || !headers_ok(&ok!(r.getattr(a_headers)), &headers) {
+        if data.len() > max_bytes || !headers_ok(&ok!(r.getattr(a_headers)), headers) {
             break;
         }
         let Some(env) = envelope::decode(data, &mut parsed) else {
@@ -265,7 +324,7 @@ pub fn ingest_run(
                     Some(t) => ok!(t.call1((env.node_id,)).and_then(|v| v.is_truthy())),
                     None => false,
                 };
-                runs.push(read_node(state, tracked));
+                runs.push(read_node(state, tracked, rows.is_some()));
                 by_id.insert(env.node_id.to_owned(), runs.len() - 1);
                 runs.len() - 1
             }
@@ -353,7 +412,7 @@ pub fn ingest_run(
             let st = &mut held
                 .get_or_insert_with(|| (crate::pystore::write(&core.inner), Instant::now()))
                 .0;
-            for (ev, &sid) in parsed.events.iter().zip(&sids) {
+            for (j, (ev, &sid)) in parsed.events.iter().zip(&sids).enumerate() {
                 let keys = &parsed.keys[ev.start..ev.end];
                 if ev.kind == STORED {
                     match st.store(sid, keys, env.ts, cap) {
@@ -371,6 +430,9 @@ pub fn ingest_run(
                             node.removed += rm.removed as u64;
                             node.unknown += rm.unknown as u64;
                             ended += rm.keys.len() as u64;
+                            if let Some(rows) = rows.as_deref_mut() {
+                                rows.ended(j, &rm.keys, &rm.ts);
+                            }
                         }
                         Err(e) => error = Some(e),
                     }
@@ -378,6 +440,18 @@ pub fn ingest_run(
                 if error.is_some() {
                     break;
                 }
+            }
+        }
+        if let Some(rows) = rows.as_deref_mut() {
+            if error.is_none() {
+                let at = anarows::At {
+                    partition,
+                    offset,
+                    now,
+                };
+                rows.message(&env, &parsed, events, &node.kinds, at);
+            } else {
+                rows.discard(); // a bug in the store: the record is reported failed, not written
             }
         }
         let stream_seen = record_ts.unwrap_or(seen);

@@ -4,6 +4,8 @@
 //!   inverted view per group, for `processors/core/slots.py`;
 //! - `batch`, `envelope`, `ingestrun`: vLLM's msgpack batch and our envelope read from bytes, and a
 //!   partition's run of common-case records applied in one call (`processors/core/ingestrun.py`);
+//!   `anarows`: the analytics app's rows of such a run, with `captrack` (the re-store and CPU-tier tracker)
+//!   and `chcols` (the tables' columns and their Native-format encoding, Python face `pychcols::NativeRows`);
 //! - `snapshot`: a slot's snapshot record written and read as msgspec's bytes;
 //! - `hit` (Python face `pyhit::HitEngine`): vLLM's hybrid hit on held positions, and `route`: every
 //!   node of a cohort searched from the store in one call (`processors/router/cohort.py`);
@@ -25,12 +27,13 @@
 //! Python owns the API, the errors and the layout rules (`gpu/layout.py`, `gpu/hit.py`); each part
 //! has a Python reference that a property test holds it equal to.
 
+mod anarows;
 mod answer;
 mod ask;
 mod askread;
 pub mod batch;
-pub mod chcols;
 pub mod captrack;
+pub mod chcols;
 pub mod decide;
 pub mod envelope;
 pub mod hashmemo;
@@ -42,8 +45,8 @@ pub mod store;
 pub mod tokenhash;
 
 mod ingestrun;
-mod pychcols;
 mod pycaptrack;
+mod pychcols;
 mod pyhit;
 mod pyroute;
 mod pyserve;
@@ -224,6 +227,7 @@ fn kvpipe_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_batch, m)?)?;
     m.add_function(wrap_pyfunction!(sha256_token_chain, m)?)?;
     m.add_function(wrap_pyfunction!(ingestrun::ingest_run, m)?)?;
+    m.add_function(wrap_pyfunction!(anarows::analytics_run, m)?)?;
     m.add_function(wrap_pyfunction!(read_slot_head, m)?)?;
     m.add_function(wrap_pyfunction!(pyserve::serve_static, m)?)?;
     m.add("GPU_MEDIUM", route::GPU_BIT)?;

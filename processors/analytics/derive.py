@@ -3,7 +3,10 @@ result, the index and the re-store tracker, so the agent (`agents.submit`) and t
 in-process baseline (`kvpipe.bench.analytics.pipeline_insert`) run the same code."""
 from __future__ import annotations
 
-from kvpipe.processors.core import lifetimes as lifecols
+import time
+from typing import Callable
+
+from kvpipe.processors.core import lifetimes as lifecols, native
 from kvpipe.processors.core.lifetimes import LifetimeColumns
 from kvpipe.processors.analytics.cputier import CapacityTracking
 from kvpipe.processors.analytics.restores import RestoreTracker, refine_reason_columns, refine_reasons
@@ -11,6 +14,7 @@ from kvpipe.processors.analytics.rows import FROM_CPU_AT, HASHES_AT, event_colum
 from kvpipe.processors.analytics.tables import EVENTS, LIFETIMES, LOADS, RESTORES, MessageRows
 from kvpipe.processors.core.index import APPLIED, Index
 from kvpipe.processors.core.ingest import Result
+from kvpipe.processors.core.outcomes import KafkaRecord
 
 # Cyclic GC, measured in the worker during `kvpipe bench analytics` (BENCHMARKS.md, analytics): with
 # the default thresholds ~1,100 young and 9 full collections per 12k-message backlog took ~1.2 s
@@ -55,6 +59,27 @@ def message_rows(result: Result, partition: int, offset: int, index: Index,
     restores = tracker.observe(env, result.events, result.lifetimes, partition, offset, kinds) if tracker else []
     load = load_row(env, partition, offset)
     return {EVENTS: rows, LIFETIMES: result.lifetimes, RESTORES: restores, LOADS: [load] if load is not None else []}
+
+
+class RunRows:
+    """Where the rows of a batch go when the native core applies runs of it (`ingestrun.RowsTarget`): a run's rows
+    as the native side built them, and every record it left to the reference path through `message_rows`, to
+    `submit` (the sink's, or the benchmark's batches). `tracker`: the app's tracker; a native one
+    (`nativetrack.NativeCapacityTracker`), whose state the runs update in place, or None."""
+
+    def __init__(self, index: Index, tracker: RestoreTracker | CapacityTracking | None,
+                 submit: Callable[[MessageRows], None]) -> None:
+        core = getattr(tracker, "core", None)
+        if tracker is not None and core is None:
+            raise TypeError("native runs update the native tracker's state: a Python tracker would miss them")
+        self.index, self._tracker, self.tracker, self.submit = index, tracker, core, submit
+
+    def take(self, rows: native.RunRows) -> None:
+        events, lifetimes, restores, loads = rows
+        self.submit({EVENTS: events, LIFETIMES: lifetimes, RESTORES: restores, LOADS: loads})
+
+    def derive(self, record: KafkaRecord, result: Result) -> None:
+        self.submit(message_rows(result, record.partition, record.offset, self.index, self._tracker, time.time()))
 
 
 def node_kinds(index: Index, node_id: str, env=None) -> dict[int, tuple[str, int]]:

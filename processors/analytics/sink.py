@@ -56,7 +56,8 @@ from kvpipe.processors.analytics.migrations import apply_migrations
 from kvpipe.processors.analytics.query import bind_values, run_on_client
 from kvpipe.processors.analytics.reads import ReadClients
 from kvpipe.processors.analytics.sqlguard import checked_sql
-from kvpipe.processors.analytics.tables import BY_NAME, TABLES, MessageRows, rows_count
+from kvpipe.processors.analytics.tables import BY_NAME, TABLES, MessageRows, native_batch, native_take, rows_count
+from kvpipe.processors.core import native
 from kvpipe.schemas import retrying
 
 log = logging.getLogger(__name__)
@@ -70,10 +71,14 @@ BURST_IDLE_S = 0.05
 
 
 class AnalyticsSink:
-    def __init__(self, dsn: str, *, batch_rows: int = 5000, flush_s: float = 1.0,
+    def __init__(self, dsn: str, *, batch_rows: int = 20_000, flush_s: float = 1.0,
                  max_queue_rows: int | None = None, retry_max_s: float = 30.0, log_every_s: float = 30.0,
-                 burst_idle_s: float = BURST_IDLE_S) -> None:
+                 burst_idle_s: float = BURST_IDLE_S, native_rows: bool | None = None) -> None:
         self.dsn = dsn
+        # The writer's batches as native columns, inserted as Native-format bytes the native core encodes
+        # (`tables.native_batch`): None = whenever the native core runs. False: the Python columns and
+        # clickhouse-connect's own encoding (the reference).
+        self.native_rows = native.engine() == "native" if native_rows is None else native_rows
         self.batch_rows = max(1, batch_rows)
         self.flush_s = flush_s
         self.burst_idle_s = min(burst_idle_s, flush_s)
@@ -86,6 +91,7 @@ class AnalyticsSink:
         self._cond = threading.Condition()
         self._queue: deque[MessageRows] = deque()
         self._unwritten = 0  # rows submitted and not yet acknowledged by the store
+        self._room_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []  # see wait_for_room
         self._submitted = 0  # submit calls so far; flush() waits until _done catches up
         self._done = 0
         self._flush_wanted = 0
@@ -168,16 +174,47 @@ class AnalyticsSink:
     async def wait_for_room(self, poll_s: float = 0.05) -> None:
         """Await (on the event loop, never blocking its thread) until fewer than `max_queue_rows`
         rows wait for the store. A message adds its rows after this returns, so the queue may end
-        a message's worth above the limit: a soft bound, never a loss."""
+        a message's worth above the limit: a soft bound, never a loss.
+
+        The writer wakes the waiter as soon as an insert makes room (`_make_room`): polled, the wait
+        ended up to `poll_s` after the room, and a writer that had nothing more to write idled with
+        it (py-spy on a catching-up app: both threads idle at once, ~40 waits of ~25 ms in 3 s).
+        `poll_s` stays as the longest wait between looks, should a wake-up be missed."""
         if self._unwritten < self.max_queue_rows:
             return
         t0 = time.monotonic()
         self._c["room_waits"] += 1
+        loop = asyncio.get_running_loop()
         try:
-            while self._unwritten >= self.max_queue_rows and self._thread is not None:
-                await asyncio.sleep(poll_s)
+            while self._thread is not None:
+                woken = loop.create_future()
+                with self._cond:
+                    if self._unwritten < self.max_queue_rows:
+                        break
+                    self._room_waiters.append((loop, woken))
+                try:
+                    await asyncio.wait_for(woken, poll_s)
+                except asyncio.TimeoutError:
+                    pass
+                finally:  # timed out or cancelled: not to be woken on a loop that may be gone by then
+                    with self._cond:
+                        if (loop, woken) in self._room_waiters:
+                            self._room_waiters.remove((loop, woken))
         finally:
             self._c["room_wait_s"] += time.monotonic() - t0
+
+    def _make_room(self, n: int) -> None:
+        """`n` rows acknowledged (called with `_cond` held): they leave the queue count, and an agent waiting for
+        room is woken on its loop."""
+        self._unwritten -= n
+        self._cond.notify_all()
+        if self._room_waiters and self._unwritten < self.max_queue_rows:
+            for loop, woken in self._room_waiters:
+                try:
+                    loop.call_soon_threadsafe(_wake, woken)
+                except RuntimeError:  # its loop closed meanwhile: nobody waits there any more
+                    pass
+            self._room_waiters.clear()
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until the store acknowledged every row submitted before this call; False on timeout."""
@@ -227,8 +264,10 @@ class AnalyticsSink:
 
     def _run(self) -> None:
         # Per table its batch (`Table.batch`: events and lifetimes as columns, so this thread only
-        # concatenates and slices) and the rows pending in it plus in `incoming`.
-        batches = {t.name: t.batch() for t in TABLES}
+        # concatenates and slices; with native rows a native batch, `tables.native_batch`, and the Python one
+        # only for rows it could not take) and the rows pending in it plus in `incoming`.
+        natives: dict[str, Any] = {t.name: native_batch(t) for t in TABLES} if self.native_rows else {}
+        batches: dict[str, Any] = {t.name: t.batch() for t in TABLES}
         incoming: list[MessageRows] = []  # submits taken off the queue, merged into the batches outside the lock
         counts = dict.fromkeys(batches, 0)
         taken = 0  # submit calls drained into the pending lists
@@ -267,27 +306,50 @@ class AnalyticsSink:
             for item in incoming:
                 for name, rows in item.items():
                     if len(rows):
-                        BY_NAME[name].take(batches[name], rows)
+                        self._take(name, natives.get(name), batches[name], rows)
             incoming.clear()
             # Write outside the queue lock so submit() never waits for the engine.
             try:
-                for name, rows in batches.items():
-                    end = len(rows) if drain else len(rows) - len(rows) % self.batch_rows
-                    for i in range(0, end, self.batch_rows):
-                        n = min(self.batch_rows, end - i)
-                        self._write(name, rows[i:i + n], n)
-                        # acknowledged rows leave the queue count at once: room for the agent
-                        with self._cond:
-                            self._unwritten -= n
-                            self._cond.notify_all()
-                    del rows[:end]
+                for name in batches:
+                    self._write_batch(name, natives.get(name), True, drain)
+                    self._write_batch(name, batches[name], False, drain)
             except _Abandoned:
                 return
-            counts = {name: len(rows) for name, rows in batches.items()}
+            counts = {name: len(rows) + len(natives.get(name, ())) for name, rows in batches.items()}
             with self._cond:
                 if not any(counts.values()):
                     self._done = taken
                 self._cond.notify_all()
+
+    def _take(self, table: str, native_rows: Any, rows: Any, submitted: Any) -> None:
+        """One submit's rows of `table` into its batch: the native one when there is one. A value the native
+        columns cannot hold (a bug upstream: no insert could write it) goes to the Python batch instead, whose
+        insert the store then refuses, loudly and retried, never dropped, as without native rows."""
+        spec = BY_NAME[table]
+        if native_rows is not None:
+            try:
+                native_take(spec, native_rows, submitted)
+                return
+            except (TypeError, ValueError, OverflowError) as exc:
+                log.error("analytics: %d %s rows no native column holds (%s); written the Python way", len(submitted),
+                          table, exc)
+        spec.take(rows, submitted)
+
+    def _write_batch(self, table: str, rows: Any, native_rows: bool, drain: bool) -> None:
+        """Insert `rows` (a native or a Python batch of `table`): every row on `drain`, else whole batches only."""
+        if rows is None:
+            return
+        end = len(rows) if drain else len(rows) - len(rows) % self.batch_rows
+        for i in range(0, end, self.batch_rows):
+            n = min(self.batch_rows, end - i)
+            self._write(table, rows.encode(i, i + n) if native_rows else rows[i:i + n], n)
+            # acknowledged rows leave the queue count at once: room for the agent
+            with self._cond:
+                self._make_room(n)
+        if native_rows:
+            rows.drop_front(end)
+        else:
+            del rows[:end]
 
     def _write(self, table: str, rows: Any, n: int) -> None:
         """Insert `rows` until the store acknowledges them (or close() abandons them: _Abandoned)."""
@@ -295,7 +357,7 @@ class AnalyticsSink:
             self._store_refused(table, state.outcome.exception() if state.outcome else None, n, state.upcoming_sleep)
 
         retrying.retrying(first_s=FIRST_RETRY_S, max_s=self.retry_max_s, sleep=self._pause,
-                          before_sleep=refused)(self._insert, table, rows)
+                          before_sleep=refused)(self._insert, table, rows, n)
         self._store_answered()
 
     def _pause(self, seconds: float) -> None:
@@ -304,13 +366,18 @@ class AnalyticsSink:
             if self._cond.wait_for(lambda: self._abandon, timeout=seconds):
                 raise _Abandoned()
 
-    def _insert(self, table: str, rows: Any) -> None:
+    def _insert(self, table: str, rows: Any, n: int) -> None:
+        """One insert of `n` rows: Native-format bytes (a native batch's) or a slice of the table's Python batch."""
         spec = BY_NAME[table]
-        data = spec.insert(rows)
-        with self._client_lock:
-            self._client.insert(table, data, column_names=list(spec.columns), column_oriented=True)
+        if isinstance(rows, bytes):
+            with self._client_lock:
+                self._client.raw_insert(table, list(spec.columns), insert_block=rows, fmt="Native")
+        else:
+            data = spec.insert(rows)
+            with self._client_lock:
+                self._client.insert(table, data, column_names=list(spec.columns), column_oriented=True)
         with self._cond:
-            self._c[f"{table}_written"] += len(data[0])
+            self._c[f"{table}_written"] += n
             self._c["batches"] += 1
 
     def _store_refused(self, table: str, exc: BaseException | None, rows: int, pause: float) -> None:
@@ -339,6 +406,11 @@ class AnalyticsSink:
         self._last_log = 0.0
         log.warning("analytics: the store accepts rows again after %.1f s refusing (last reason: %s)",
                     time.time() - (since or time.time()), self._c["store_reason"])
+
+
+def _wake(woken: asyncio.Future[None]) -> None:
+    if not woken.done():  # the waiter may have timed out and gone on
+        woken.set_result(None)
 
 
 class _Abandoned(Exception):

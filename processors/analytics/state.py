@@ -3,16 +3,22 @@ bookkeeping, the snapshot machinery, the sink and the analyst query executor. On
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpipe.processors.analytics.app import settings
 from kvpipe.processors.analytics.query import AnalystQueries, QueryLimits
-from kvpipe.processors.analytics.cputier import CapacityTracker
+from kvpipe.processors.analytics.cputier import CapacityTracker, CapacityTracking
+from kvpipe.processors.analytics.derive import RunRows
+from kvpipe.processors.core import native
+
 from kvpipe.processors.analytics.restores import RestoreTracker
 from kvpipe.processors.analytics.sink import AnalyticsSink
 from kvpipe.processors.core.durability import Durability
 from kvpipe.processors.core.appindex import index_from_settings
 from kvpipe.processors.core.ingest import Ingest
+
+if TYPE_CHECKING:  # imported where it is built: it needs the native core
+    from kvpipe.processors.analytics.nativetrack import NativeCapacityTracker
 
 
 
@@ -21,7 +27,7 @@ class AnalyticsDurability(Durability):
     tracker's state for it, since that state describes whatever this worker consumed before, not the restored
     offset. The agents rebuild it for the restored offset (`agents.ensure_tracker`, `restore_state`)."""
 
-    def __init__(self, *args, tracker: RestoreTracker | None, **kwargs) -> None:
+    def __init__(self, *args, tracker: RestoreTracker | CapacityTracking | None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.tracker = tracker
 
@@ -38,16 +44,30 @@ class AnalyticsRuntime:
         # the routing app's bounds and clock rule too: one set of lifetimes, epochs and expiries; lifetimes as
         # columns, no object per ended block (processors/core/lifetimes.py)
         self.index = index_from_settings(settings, "kvpipe analytics", lifetimes="columns")
-        self.ingest = Ingest(self.index, settings.max_message_bytes, settings.max_clock_skew_s)
+        # native rows: runs of common-case messages applied, tracked and turned into the tables' columns by the
+        # native core (native/src/anarows.rs), the rest through `derive.message_rows` (settings.analytics_rows_engine)
+        self.native_rows = (settings.analytics_rows_engine == "native" and native.engine() == "native"
+                            and self.index.store.kind == "native")
+        self.ingest = Ingest(self.index, settings.max_message_bytes, settings.max_clock_skew_s,
+                             native_runs=self.native_rows)
         # re-stores and their stack distances (capacity curve), and the CPU tier's copies (cpu_tier_hits);
-        # None: KVPIPE_ANALYTICS_CAPACITY=false (events then carry no CPU-tier count: the query's slower way)
-        self.restores: CapacityTracker | None = CapacityTracker() if settings.analytics_capacity else None
+        # None: KVPIPE_ANALYTICS_CAPACITY=false (events then carry no CPU-tier count: the query's slower way).
+        # With native rows its state is native too, which the runs update in place.
+        self.restores: CapacityTracker | NativeCapacityTracker | None = None
+        if settings.analytics_capacity and self.native_rows:
+            from kvpipe.processors.analytics.nativetrack import NativeCapacityTracker  # only with the native core
+
+            self.restores = NativeCapacityTracker()
+        elif settings.analytics_capacity:
+            self.restores = CapacityTracker()
         self.durability = AnalyticsDurability(self.ingest, settings.bootstrap(), settings.events_topic,
                                               settings.analytics_snapshot_topic, settings.analytics_id,
                                               tracker=self.restores)
         self.sink = AnalyticsSink(settings.clickhouse(), batch_rows=settings.analytics_batch_rows,
                                   flush_s=settings.analytics_flush_s, max_queue_rows=settings.analytics_max_queue_rows,
-                                  retry_max_s=settings.analytics_retry_max_s)
+                                  retry_max_s=settings.analytics_retry_max_s, native_rows=self.native_rows)
+        # where the rows of a batch go (processors/core/ingestrun.py: RowsTarget); None: one message at a time
+        self.rows = RunRows(self.index, self.restores, self.sink.submit) if self.native_rows else None
         self.tracker_rebuilds: list[dict] = []  # the latest rebuilds of the tracker from the store (/stats)
         self.queries = AnalystQueries(self.sink.query, QueryLimits.from_settings(settings))
         self.started = time.time()

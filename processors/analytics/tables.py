@@ -19,7 +19,7 @@ from kvpipe.processors.analytics.rows import (
     EVENT_COLUMNS, LIFETIME_COLUMNS, LOAD_COLUMNS, EventColumns, EventRow, LoadRow, event_columns, load_columns,
     number_copies,
 )
-from kvpipe.processors.core import lifetimes as lifecols
+from kvpipe.processors.core import lifetimes as lifecols, native
 from kvpipe.processors.core.lifetimes import LifetimeColumns, LifetimeRow
 
 
@@ -73,6 +73,26 @@ TABLES: tuple[Table, ...] = (
           list.extend, load_columns, "ts"),
 )
 BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
+
+
+# -- native batches: the writer's batch of a table as native columns (native/src/pychcols.rs: NativeRows), encoded
+#    to ClickHouse's Native format natively; the sink inserts the bytes as they are (`sink.AnalyticsSink`) --------
+
+
+def native_batch(table: Table) -> native.NativeRows:
+    """An empty native batch of the table: what the sink's writer fills when the native core runs."""
+    return native.native_rows(table.name)
+
+
+def native_take(table: Table, batch: native.NativeRows, rows: Any) -> None:
+    """`Table.take` into a native batch: a native run's rows as they are, any other form through the table's own
+    `take` and `insert` (the Python row path's rows: messages the native run left to the reference)."""
+    if type(rows) is type(batch):
+        batch.extend(rows)
+        return
+    python_batch = table.batch()
+    table.take(python_batch, rows)
+    batch.extend_columns(table.insert(python_batch[0:len(python_batch)]))  # `insert` takes a slice, as the writer's
 
 # The rows of one message, by table name; a table with nothing to write may be absent.
 MessageRows = Mapping[str, Sized]

@@ -60,18 +60,20 @@ class Ingest:
     """The index plus the counters and offsets of the messages that fed it."""
 
     def __init__(self, index: Index, max_bytes: int, max_skew_s: float = 10.0, inflight: EventWatcher | None = None,
-                 native_batches: bool = False, native_runs: bool = True) -> None:
+                 native_batches: bool = False, native_runs: bool | None = None) -> None:
         self.index = index
+        on_native = index.store.kind == "native" and native.engine() == "native"
         # vLLM batches read by the native side straight into the index (`slots.parse_batch`), for a
         # caller that needs no event objects (the routing app; the analytics app derives rows from
         # them); messages the native reader leaves, and nodes with in-flight guesses, take the
         # reference decoder
-        self.native_batches = native_batches and index.store.kind == "native" and native.engine() == "native"
+        self.native_batches = native_batches and on_native
         # the router's speculative entries for blocks in flight: a real event replaces its guess
         self.inflight = inflight
         # `handle_batch` hands runs of common-case records to one native call each
-        # (kvpipe.processors.core.ingestrun); False keeps the reference, one `handle` per record
-        self.native_runs = native_runs and self.native_batches
+        # (kvpipe.processors.core.ingestrun); False keeps the reference, one `handle` per record; None: with
+        # `native_batches` (the analytics app asks for runs alone: its `handle` must give event objects)
+        self.native_runs = on_native and (self.native_batches if native_runs is None else native_runs)
         self.max_bytes = max_bytes
         self.max_skew_s = max_skew_s
         self.counters: dict[str, int] = {"messages": 0, "dlq": 0, "skipped_replayed": 0, "offset_holes": 0,
@@ -131,17 +133,20 @@ class Ingest:
                                         new_epoch=epoch_before is not None and env.epoch > epoch_before)
         return Result(outcome, env, events, lifetimes)
 
-    def handle_batch(self, records: Sequence[KafkaRecord], clock: Callable[[], float] = time.time) -> Batch:
+    def handle_batch(self, records: Sequence[KafkaRecord], clock: Callable[[], float] = time.time,
+                     rows: ingestrun.RowsTarget | None = None) -> Batch:
         """`handle` for each record of `records` in order, until one needs a side effect (see
         `Batch`). `clock` is read per record: the trusted bound and `ingest_ts` are what a
         record-at-a-time loop would have seen. With `native_runs`, runs of common-case records
         are handled natively (kvpipe.processors.core.ingestrun), with the same results as the reference
-        below, which sends every record through `handle`."""
+        below, which sends every record through `handle`. `rows`: the analytics app's rows of each record
+        (`ingestrun.handle_batch` says how), the reference handing every record to `rows.derive`."""
         if self.native_runs:
-            return ingestrun.handle_batch(self, records, clock)
-        return self._handle_batch_each(records, clock)
+            return ingestrun.handle_batch(self, records, clock, rows)
+        return self._handle_batch_each(records, clock, rows)
 
-    def _handle_batch_each(self, records: Sequence[KafkaRecord], clock: Callable[[], float] = time.time) -> Batch:
+    def _handle_batch_each(self, records: Sequence[KafkaRecord], clock: Callable[[], float] = time.time,
+                           rows: ingestrun.RowsTarget | None = None) -> Batch:
         """The reference `handle_batch`: one `handle` per record."""
         handle = self.handle
         published: list[float] = []
@@ -154,6 +159,8 @@ class Ingest:
             record_ts = ts_ms / 1000.0 if r.timestamp_type == 1 and ts_ms is not None else None
             try:
                 result = handle(r.value, r.headers, r.partition, r.offset, clock(), record_ts)
+                if rows is not None:
+                    rows.derive(r, result)
             except Exception as exc:  # noqa: BLE001 - reported by the caller, with the record
                 return Batch(i, published, refused, failed=exc)
             outcome = result.outcome

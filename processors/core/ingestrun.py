@@ -24,7 +24,7 @@ tests/property/test_native_ingest_run.py holds the two equal.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from kvpipe.processors.core import native
 from kvpipe.processors.core.index import APPLIED, REFUSED, NodeState
@@ -34,13 +34,28 @@ from kvpipe.schemas.codec import KAFKA_HEADERS
 
 if TYPE_CHECKING:
     from kvpipe.processors.core.ingest import Ingest
+    from kvpipe.processors.core.outcomes import Result
 
 _HEADERS = [(k, bytes(v)) for k, v in KAFKA_HEADERS]
 
 
-def handle_batch(ingest: Ingest, records: Sequence[KafkaRecord], clock: Callable[[], float] = time.time) -> Batch:
-    """`Ingest.handle_batch` with native runs (see the module doc); the same `Batch`."""
-    run = native.ingest_run
+class RowsTarget(Protocol):
+    """Where the analytics app wants the rows of what a batch applies (processors/analytics/agents.py): a native
+    run's rows as they are (`take`), and each record the reference path handled with its result (`derive`, which
+    runs the app's Python row path). `tracker`: its capacity tracker's native state, None when tracking is off."""
+
+    tracker: native.CapacityCore | None
+
+    def take(self, rows: native.RunRows) -> None: ...
+
+    def derive(self, record: KafkaRecord, result: Result) -> None: ...
+
+
+def handle_batch(ingest: Ingest, records: Sequence[KafkaRecord], clock: Callable[[], float] = time.time,
+                 rows: RowsTarget | None = None) -> Batch:
+    """`Ingest.handle_batch` with native runs (see the module doc); the same `Batch`. With `rows`, the runs also
+    build the analytics rows of each record they apply (native/src/anarows.rs) and hand them to `rows.take`; a
+    record left to the reference path goes to `rows.derive` with its result, whatever the outcome."""
     records = records if isinstance(records, list) else list(records)
     index = ingest.index
     store = index.store
@@ -54,10 +69,17 @@ def handle_batch(ingest: Ingest, records: Sequence[KafkaRecord], clock: Callable
     i = 0
     while i < n:
         partition = records[i].partition
-        (i, now, applied, stream_ts, ingest_ts, pub, counts, changed, error) = run(
-            core, records, i, partition, ingest.applied_offset.get(partition), ingest.stream_ts.get(partition, 0.0),
-            nodes, tracks, clock, ingest.max_bytes, ingest.max_skew_s, index.ttl_s, index.max_blocks_per_slot,
-            _HEADERS)
+        last, since = ingest.applied_offset.get(partition), ingest.stream_ts.get(partition, 0.0)
+        if rows is None:
+            answer = native.ingest_run(core, records, i, partition, last, since, nodes, tracks, clock,
+                                       ingest.max_bytes, ingest.max_skew_s, index.ttl_s, index.max_blocks_per_slot,
+                                       _HEADERS)
+        else:
+            answer, run_rows = native.analytics_run(core, records, i, partition, last, since, nodes, clock,
+                                                    ingest.max_bytes, ingest.max_skew_s, index.ttl_s,
+                                                    index.max_blocks_per_slot, _HEADERS, rows.tracker)
+            rows.take(run_rows)  # before anything of the next record: its rows follow these
+        (i, now, applied, stream_ts, ingest_ts, pub, counts, changed, error) = answer
         _absorb(ingest, store, partition, applied, stream_ts, ingest_ts, counts, changed)
         published += pub
         if error is not None:
@@ -72,6 +94,8 @@ def handle_batch(ingest: Ingest, records: Sequence[KafkaRecord], clock: Callable
         try:
             result = ingest.handle(r.value, r.headers, r.partition, r.offset, clock() if now is None else now,
                                    record_ts)
+            if rows is not None:
+                rows.derive(r, result)
         except Exception as exc:  # noqa: BLE001 - reported by the caller, with the record
             return Batch(i, published, refused, failed=exc)
         outcome = result.outcome

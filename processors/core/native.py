@@ -241,6 +241,20 @@ def ingest_run(store: IndexStore, records: list[_Record], start: int, partition:
                                     max_bytes, max_skew_s, ttl_s, cap, headers)
 
 
+# One run's analytics rows (kv_events, kv_block_lifetimes, kv_restores, kv_node_load)
+RunRows = tuple["NativeRows", "NativeRows", "NativeRows", "NativeRows"]
+
+
+def analytics_run(store: IndexStore, records: list[_Record], start: int, partition: int, last_offset: int | None,
+                  stream_ts: float, nodes: Mapping[str, _Node], clock: Callable[[], float], max_bytes: int,
+                  max_skew_s: float, ttl_s: float | None, cap: int | None, headers: Sequence[tuple[str, bytes]],
+                  tracker: CapacityCore | None) -> tuple[RunOut[_Node], RunRows]:
+    """One native ingest run with the analytics app's rows of every record it applies (native/src/anarows.rs)."""
+    require("the native analytics run")
+    return kvpipe_native.analytics_run(store, records, start, partition, last_offset, stream_ts, nodes, clock,
+                                       max_bytes, max_skew_s, ttl_s, cap, headers, tracker)
+
+
 def serve_static(host: str, port: int, threads: int, token: str | None, max_body: int, read_timeout_s: float,
                  upstream_port: int | None, answer_json: bytes, forward_if_contains: bytes, *,
                  panic_if_contains: bytes | None = None, reuse_port: bool = False) -> RouteServer:

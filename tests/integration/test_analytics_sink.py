@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from datetime import timezone
 from pathlib import Path
 from xml.etree import ElementTree
@@ -33,6 +34,7 @@ from kvpipe.processors.analytics.rows import event_rows
 from kvpipe.processors.core.lifetimes import LifetimeRow
 from kvpipe.processors.analytics.saved import list_queries, run_query
 from kvpipe.processors.analytics.sink import AnalyticsSink
+from kvpipe.processors.core import native
 from kvpipe.schemas.codec import encode_vllm_batch
 from kvpipe.schemas.envelope import Envelope, GroupSpec
 from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -113,12 +115,18 @@ def _restores() -> list[list]:
 RESTORES = _restores()
 
 
-@pytest.fixture
-def open_sink(tmp_path: Path):
+# The writer's batches as native columns inserted as Native bytes (the default where the native core runs), and as
+# Python columns through clickhouse-connect's encoding (the reference): every test holds for both.
+WRITERS = ["native", "python"] if native.engine() == "native" else ["python"]
+
+
+@pytest.fixture(params=WRITERS)
+def open_sink(tmp_path: Path, request):
     sinks: list[AnalyticsSink] = []
 
     def _open(**kw) -> AnalyticsSink:
         kw.setdefault("flush_s", 0.1)
+        kw.setdefault("native_rows", request.param == "native")
         sink = AnalyticsSink(f"chdb://{tmp_path / 'analytics'}", **kw)
         sink.start()
         sinks.append(sink)
@@ -286,6 +294,24 @@ def test_a_row_the_store_rejects_is_retried_and_loud_never_dropped(open_sink):
     assert c["retries"] >= 3 and "parent_hash" in c["store_reason"] and c["refusing_for_s"] >= 0
     sink.close(timeout=0.5)  # gives up on the retries; the rows stay unacknowledged, not dropped as "done"
     assert sink.counters()["kv_events_written"] == 0
+
+
+def test_a_wait_for_room_ends_with_the_insert_that_makes_room_not_a_poll(open_sink, tmp_path):
+    sink = open_sink(retry_max_s=0.2, max_queue_rows=5)
+    other = clickhouse_connect.get_client(dsn=f"chdb://{tmp_path / 'analytics'}")
+    try:
+        other.command("RENAME TABLE kv_events TO kv_events_away")
+        sink.submit(message_rows(1))  # 3 events + 3 lifetimes: past the bound while the events are refused
+        assert not sink.has_room()
+        back = threading.Timer(0.3, other.command, ["RENAME TABLE kv_events_away TO kv_events"])
+        back.start()
+        # a poll every hour: only the writer's wake-up can end this wait within the test's 30 s
+        asyncio.run(asyncio.wait_for(sink.wait_for_room(poll_s=3600.0), 30.0))
+        back.join()
+        assert sink.has_room() and sink.counters()["room_waits"] == 1
+    finally:
+        other.close()
+    assert sink.flush(30.0)
 
 
 def test_a_refusing_store_loses_nothing_and_the_queue_bound_waits_asynchronously(open_sink, tmp_path):

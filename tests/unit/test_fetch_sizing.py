@@ -22,10 +22,17 @@ class _Fetcher:
     def __init__(self, answers: list[bool]) -> None:
         self.answers, self.sizes = answers, []
         self._fetch_min_bytes, self._fetch_max_wait_ms = 1, 500
+        self._records: dict = {}  # partition → fetched records not consumed yet
+
+    def _get_actions_per_node(self, assignment):  # builds the requests, reading the two attributes
+        return (self._fetch_min_bytes, self._fetch_max_wait_ms)
 
     async def _proc_fetch_request(self, assignment, node_id, request) -> bool:
-        self.sizes.append((self._fetch_min_bytes, self._fetch_max_wait_ms))
+        self.sizes.append(request)
         return self.answers.pop(0)
+
+    async def one(self) -> None:
+        await self._proc_fetch_request(None, 0, self._get_actions_per_node(None))
 
 
 def test_each_fetch_is_sized_by_the_one_before():
@@ -34,13 +41,30 @@ def test_each_fetch_is_sized_by_the_one_before():
 
     async def five() -> None:
         for _ in range(5):
-            await fetcher._proc_fetch_request(None, 0, None)
+            await fetcher.one()
 
     asyncio.run(five())
     # starts quiet; full-sized after records; back to the first byte after an empty answer
     assert fetcher.sizes == [QUIET_SIZING, BUSY, BUSY, QUIET_SIZING, QUIET_SIZING]
     assert (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms) == BUSY
     assert counts == {"fetches_with_records": 3, "fetches_empty": 2}
+
+
+def test_a_fetch_built_while_records_wait_to_be_consumed_is_never_held_long():
+    # the app is behind: partition 1's records wait; a fetch for the others (at their end, so empty) would be held
+    # for the quiet wait and keep partition 1 from its next fetch meanwhile
+    fetcher = _Fetcher([False, False, False])
+    follow_load(fetcher, BUSY)
+    fetcher._records = {1: object()}
+
+    async def three() -> None:
+        await fetcher.one()
+        await fetcher.one()
+        fetcher._records = {}  # consumed: the app caught up, and quiet partitions may wait for the first byte again
+        await fetcher.one()
+
+    asyncio.run(three())
+    assert fetcher.sizes == [BUSY, BUSY, QUIET_SIZING]
 
 
 def _consumer(fetcher, counts=None):

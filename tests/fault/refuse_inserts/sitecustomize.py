@@ -10,13 +10,15 @@ import os
 _FLAG = os.environ.get("REFUSE_INSERTS_FLAG")
 
 if _FLAG:
-    from clickhouse_connect.driver.client import Client
+    from clickhouse_connect.driver._backendclient import SyncBackendClient as Client
 
-    _insert = Client.insert
+    def _refusing(insert):
+        def refusing_insert(self, *args, **kwargs):
+            if os.path.exists(_FLAG):
+                raise ConnectionError(f"test fault: the store refuses inserts while {os.path.basename(_FLAG)} exists")
+            return insert(self, *args, **kwargs)
+        return refusing_insert
 
-    def _refusing_insert(self, *args, **kwargs):
-        if os.path.exists(_FLAG):
-            raise ConnectionError(f"test fault: the store refuses inserts while {os.path.basename(_FLAG)} exists")
-        return _insert(self, *args, **kwargs)
-
-    Client.insert = _refusing_insert
+    # both seams the sink writes through: its Python columns (`insert`) and its native batches' bytes (`raw_insert`)
+    Client.insert = _refusing(Client.insert)
+    Client.raw_insert = _refusing(Client.raw_insert)
