@@ -405,7 +405,15 @@ def test_a_burst_tail_is_written_when_input_goes_quiet_and_a_trickle_keeps_the_t
     assert (c["kv_events_written"], c["unwritten_rows"]) == (len(events), 0), "the tail did not wait for flush_s"
     assert c["batches"] == 2
 
-    sink.submit({tables.EVENTS: events[:2]})  # a trickle after a partial write: no full batch, so it waits for the timer
+    # more input after the tail, fewer rows than a batch: still the backlog's (a pause mid-backlog wrote the tail
+    # before it), so it is written once input goes quiet too
+    sink.submit({tables.EVENTS: events[:2]})
+    deadline = time.monotonic() + 20.0
+    while sink.counters()["kv_events_written"] < len(events) + 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sink.counters()["kv_events_written"] == len(events) + 2 and sink.counters()["batches"] == 3
+
+    sink.submit({tables.EVENTS: events[:2]})  # a trickle after two partial writes: it waits for the timer
     time.sleep(1.0)
-    assert sink.counters()["kv_events_written"] == len(events)
-    assert sink.flush(30.0) and sink.counters()["kv_events_written"] == len(events) + 2
+    assert sink.counters()["kv_events_written"] == len(events) + 2
+    assert sink.flush(30.0) and sink.counters()["kv_events_written"] == len(events) + 4
