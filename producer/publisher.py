@@ -20,7 +20,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from kvpipe.producer.config import describe_envelope, kafka_config
 from kvpipe.producer.sequencer import Sequencer
 from kvpipe.producer.stall import DeliveryWatch
-from kvpipe.schemas.codec import KAFKA_HEADERS, encode_vllm_batch
+from kvpipe.schemas.codec import KAFKA_HEADERS, decode_envelope, encode_vllm_batch
 from kvpipe.schemas.envelope import Envelope, GroupSpec, HashConfig
 from kvpipe.schemas.events import Event
 from kvpipe.schemas.settings import Settings
@@ -39,6 +39,12 @@ _LOG_FIRST = 20
 _LOG_EVERY = 1000
 # How long a metadata request made for a stalled producer may block the sender thread.
 _METADATA_TIMEOUT_S = 2.0
+
+
+def _position(data: bytes) -> tuple[int, int]:
+    """(epoch, seq) of an envelope the publisher encoded."""
+    env = decode_envelope(data)
+    return env.epoch, env.seq
 
 
 class _RawBatch(msgspec.Struct, gc=False):
@@ -106,7 +112,14 @@ class Publisher:
         # message value; `delivered` is derived instead (sent - failed - still in flight).
         config.setdefault("delivery.report.only.error", True)
         config["on_delivery"] = self._on_delivery
+        self._config = config
         self._producer = Producer(config)
+        # While Kafka's client is replaced (`_replace_client`): the envelopes its purge hands back, and how many are
+        # between the old client and the new one (`_pending` counts them, so a flush does not end early).
+        self._moving: list[bytes] | None = None
+        self._in_transfer = 0
+        self._replacements = 0
+        self._unanswered = 0  # the stall watch's metadata requests in a row that found no broker to ask
 
         self._queue: deque = deque()
         self._cap = settings.producer_queue_batches
@@ -226,6 +239,7 @@ class Publisher:
             "queue_depth": len(self._queue),
             "in_flight": in_flight,
             "metadata_requests": self._watch.nudges,  # asked for because deliveries had stopped
+            "client_replacements": self._replacements,  # Kafka's client re-created with no broker to ask
         }
 
     def flush(self, timeout: float = 10.0) -> int:
@@ -284,13 +298,12 @@ class Publisher:
         self._wake.set()
 
     def _pending(self) -> int:
-        return (self._enqueued - self._taken) + len(self._producer)
+        return (self._enqueued - self._taken) + len(self._producer) + self._in_transfer
 
     # -- background thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
         q = self._queue
-        producer = self._producer
         handled = 0
         while True:
             if q:
@@ -302,10 +315,10 @@ class Publisher:
                 self._taken += 1
                 handled += 1
                 if handled % _POLL_EVERY == 0:
-                    producer.poll(0)
+                    self._producer.poll(0)
                     self._check_stall()
                 continue
-            producer.poll(0)
+            self._producer.poll(0)
             self._check_stall()
             if self._stopping:
                 break
@@ -313,7 +326,7 @@ class Publisher:
             if idle_for >= self._heartbeat_s:
                 self._heartbeat()
                 continue
-            wait = _INFLIGHT_WAIT_S if len(producer) else min(self._heartbeat_s - idle_for, _IDLE_WAIT_MAX_S)
+            wait = _INFLIGHT_WAIT_S if len(self._producer) else min(self._heartbeat_s - idle_for, _IDLE_WAIT_MAX_S)
             self._wake.clear()
             self._idle = True
             if not q:  # re-check after raising the flag: a publish in between sets the event
@@ -396,8 +409,71 @@ class Publisher:
                       "leaders " + ", ".join(f"{p}: {m.leader}" for p, m in sorted(topic.partitions.items())))
         except KafkaException as exc:
             answer = f"no answer: {exc.args[0]}"
+            unreachable = isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError._TRANSPORT
+            self._unanswered = self._unanswered + 1 if unreachable else 0
+            # twice in a row (the watch's first two asks: 3 stall_s, past librdkafka's 10 s reconnect back-off with
+            # the default 5 s), and a new client reaches the cluster: this one has lost its brokers
+            if self._unanswered >= 2 and self._cluster_answers():
+                moved = self._replace_client()
+                self._unanswered = 0
+                answer += (f"; a new client reaches the cluster: Kafka's client replaced by one from the bootstrap "
+                           f"servers, its {moved} envelope(s) moved to it")
+        else:
+            self._unanswered = 0
         log.warning("node %s: %d envelope(s) in Kafka's client and none delivered for %g s; asked the cluster for "
                     "%s's metadata again (%s)", self._node_id, in_flight, self._watch.waited, self._topic, answer)
+
+    def _cluster_answers(self) -> bool:
+        """Whether a new client, from the bootstrap servers, gets the topic's metadata: the cluster is up, so a client
+        that gets none has lost its brokers (`_replace_client`), where one waiting out an outage has not."""
+        probe = Producer({k: v for k, v in self._config.items() if k not in ("on_delivery", "error_cb")})
+        try:
+            probe.list_topics(self._topic, timeout=_METADATA_TIMEOUT_S)
+            return True
+        except KafkaException:
+            return False
+        finally:
+            probe.close()
+
+    def _replace_client(self) -> int:
+        """A new Kafka client in place of one that cannot reach any broker, with the envelopes the old one held, in
+        their order; returns how many moved.
+
+        Why: librdkafka drops every broker a metadata answer leaves out, and a single broker in its controlled
+        shutdown answers with none. A client that asked just then has no broker left to ask. Its re-bootstrap is
+        meant to add the bootstrap servers back; reproduced here (six producers polling metadata, one broker
+        restarted over and over), one client in six stayed without any for good after one restart in five, and with
+        re-bootstrap off three in six after the second (RELIABILITY.md §8). A new client starts from the
+        bootstrap servers. Only done when the stall watch got no answer and a new client does (`_cluster_answers`):
+        while the cluster is really down the old client keeps its brokers and reconnects by itself. An envelope the
+        old client had sent may have reached the broker: sent again it is a duplicate (same epoch and seq), which
+        consumers skip."""
+        old = self._producer
+        moving: list[bytes] = []
+        self._in_transfer = len(old)
+        self._moving = moving
+        try:
+            old.purge(in_queue=True, in_flight=True, blocking=True)
+            deadline = time.monotonic() + _METADATA_TIMEOUT_S
+            while len(old) and time.monotonic() < deadline:
+                old.poll(0.01)  # serves the purge reports: `_on_delivery` collects the envelopes
+        finally:
+            self._moving = None
+        self._producer = Producer(self._config)
+        old.close()
+        # a node's envelopes are one partition's, so the reports come in order; sorted all the same
+        moving.sort(key=_position)
+        for data in moving:
+            while True:
+                try:
+                    self._producer.produce(self._topic, data, self._key, headers=KAFKA_HEADERS)
+                    break
+                except BufferError:  # the moved envelopes fit the old client's queue; this one's is the same size
+                    self._producer.poll(0.05)
+            self._in_transfer -= 1
+        self._in_transfer = 0
+        self._replacements += 1
+        return len(moving)
 
     def _lose(self, num_events: int, reason: str) -> None:
         self._lost += num_events
@@ -407,6 +483,12 @@ class Publisher:
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:  # only when a caller re-enabled success reports
             return
+        moving = self._moving
+        if moving is not None and err.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
+            value = msg.value()
+            if value is not None:
+                moving.append(value)  # handed back by `_replace_client`'s purge: not a failure, it goes out again
+                return
         self._failed += 1
         if self._failed <= _LOG_FIRST or self._failed % _LOG_EVERY == 0:
             log.error("node %s: envelope %s to %s failed: %s (%d failed so far)",

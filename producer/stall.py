@@ -6,7 +6,9 @@ for minutes: during the broker's shutdown the metadata had named no leader for i
 (leader -1), and the client never read the partition's leader again, while three other producers on
 the same broker delivered again within seconds. An explicit metadata request makes the client read
 the leaders again; it is one small request, and it is only sent when envelopes are waiting and none
-has left the client for a while (a broker outage backs it off to once a minute).
+has left the client for a while (a broker outage backs it off to once a minute). When the requests find no
+broker at all while a new client reaches the cluster, the publisher replaces its client
+(producer/publisher.py: `_replace_client` says why).
 """
 from __future__ import annotations
 

@@ -220,3 +220,67 @@ def test_a_producer_with_no_broker_asks_with_backoff_and_keeps_accepting_steps(c
         assert warnings and "no answer" in warnings[0], warnings
     finally:
         pub.close(0.5)
+
+
+class _BrokerlessClient:
+    """Kafka's client as it is after librdkafka dropped every broker (a metadata answer from a broker in its
+    controlled shutdown lists none): nothing answers its metadata requests. Everything else is the real client."""
+
+    def __init__(self, client) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+    def __len__(self) -> int:
+        return len(self._client)
+
+    def list_topics(self, *args, **kwargs):
+        from confluent_kafka import KafkaError, KafkaException
+
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: Local: Broker transport failure"))
+
+
+def test_a_client_left_without_brokers_is_replaced_and_what_it_held_goes_out_once_in_order(kafka_bootstrap,
+                                                                                           unique_topic, caplog):
+    topic = unique_topic("pub-replace")
+    caplog.set_level(logging.WARNING, logger="kvpipe.producer.publisher")
+    # linger: the envelopes wait in the client, none delivered, so the stall watch asks (0.3 s, then 0.9 s)
+    pub = Publisher(settings(producer_stall_s=0.3), "node-r", topic=topic, producer_config={"linger.ms": 2500})
+    pub._producer = _BrokerlessClient(pub._producer)  # type: ignore[assignment]
+    try:
+        for i in range(10):
+            assert pub.publish(step(i))
+        assert pub.flush(20) == 0
+        counters = pub.counters()
+    finally:
+        pub.close()
+    # the second unanswered request, with the cluster answering a new client, replaced it; nothing failed
+    assert counters["client_replacements"] == 1 and counters["metadata_requests"] >= 2
+    assert counters["failed"] == counters["dropped"] == 0 and counters["delivered"] == 10
+    replaced = [r.getMessage() for r in caplog.records if "replaced" in r.getMessage()]
+    assert replaced and "node-r" in replaced[0] and "10 envelope(s) moved" in replaced[0], replaced
+    envs = envelopes(kafka_bootstrap, topic, 10)
+    assert [e.seq for e in envs] == list(range(10))  # once each, in order
+    assert [envelope_events(e) for e in envs] == [step(i) for i in range(10)]
+
+
+def test_a_client_is_not_replaced_while_the_cluster_is_down(caplog) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: no new client reaches a cluster either
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pub = Publisher(settings(producer_stall_s=0.2, kafka_bootstrap=f"127.0.0.1:{port}"), "node-s",
+                    topic="anything", producer_config={"message.timeout.ms": 60000})
+    try:
+        pub.publish(step(0))
+        # the second unanswered request is where a client would be replaced (each waits up to 2 s for its answer,
+        # and the new client's up to 2 s more)
+        deadline = time.monotonic() + 12
+        while pub.counters()["metadata_requests"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        counters = pub.counters()
+    finally:
+        pub.close(0.5)
+    assert counters["metadata_requests"] >= 3 and counters["client_replacements"] == 0
