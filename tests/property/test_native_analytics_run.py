@@ -155,7 +155,7 @@ def run(native: bool, records: list[Rec], cuts: list[int], expire_at: list[int])
     return tables, tracker.restores, index.counters, dict(ingest.counters), index.store.entries()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(streams(), st.lists(st.integers(0, 60), max_size=4), st.lists(st.integers(0, 60), max_size=2))
 def test_native_rows_equal_the_reference(records, cuts, expire_at):
     native, reference = run(True, records, cuts, expire_at), run(False, records, cuts, expire_at)
