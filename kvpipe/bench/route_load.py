@@ -14,6 +14,9 @@ min(2, connections)), each count twice:
   (kvpipe.bench.ingest_load.Probes, as `kvpipe bench ingest` measures freshness) publish one fresh
   block at a time for a probe node and poll /route until it is routable: freshness under load.
   After the step the processor must catch up to the topic's end before the next one starts.
+- `--share S` (with ingest): one more step per share right after each step with ingest, wrk held to S times
+  the decisions/s that step reached, the same ingest and probes beside it: freshness while serving at a
+  share of the maximum (`paced` in the output: the share reached and its freshness).
 Any request that errored (socket error, timeout, non-2xx) fails the run loudly, naming the step.
 
 Before the steps: a short unrecorded warm-up, and the idle freshness (no wrk, no ingest), the
@@ -135,14 +138,52 @@ def _lua_string(s: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def lua_script(bodies_path: str, path: str = "/route", delay_ms: int = 0) -> str:
+# A thread's requests at a fixed rate: each request waits for its slot on the thread's own schedule (one slot
+# per `pace` ms, from a monotonic clock read through LuaJIT's FFI, which wrk embeds). A thread behind its
+# schedule catches up at most `lag` ms of slots at once (a burst, as clients' bursts are) and forgets the rest,
+# so the rate is the target unless the server cannot keep up with the connections. wrk truncates a delay to
+# whole ms: a request may leave up to 1 ms before its slot, never drifting, since the slots advance by `pace`.
+_RATE_PACING = """
+local ffi = require("ffi")
+ffi.cdef[[
+typedef struct {{ long tv_sec; long tv_nsec; }} kvpipe_timespec;
+int clock_gettime(int clock_id, kvpipe_timespec *tp);
+]]
+local now_ts = ffi.new("kvpipe_timespec")
+local function now_ms()
+  ffi.C.clock_gettime(1, now_ts)  -- CLOCK_MONOTONIC
+  return tonumber(now_ts.tv_sec) * 1000 + tonumber(now_ts.tv_nsec) / 1e6
+end
+local pace = {pace_ms!r}
+local lag = 10
+local slot = 0
+
+function delay()
+  local now = now_ms()
+  if slot < now - lag then
+    slot = now - lag
+  end
+  local wait = slot > now and slot - now or 0
+  slot = slot + pace
+  return wait
+end
+"""
+
+
+def lua_script(bodies_path: str, path: str = "/route", delay_ms: int = 0, rate_per_thread: float = 0.0) -> str:
     """The wrk script: every thread reads the bodies (one JSON object per line) and cycles through
     them, threads starting at different bodies; the bearer token, if any, comes from the
     environment; `done()` prints one `KVPIPE_WRK {json}` line with the counts and percentiles (µs).
     `delay_ms` > 0: each connection waits that long after an answer before its next request (wrk's
-    `delay()`), which holds the rate near connections ÷ (latency + delay) — wrk cannot pace a rate
-    itself, and this is how a step serves at a chosen share of the maximum."""
-    pacing = f"\nfunction delay()\n  return {int(delay_ms)}\nend\n" if delay_ms > 0 else ""
+    `delay()`), which holds the rate near connections ÷ (latency + delay). `rate_per_thread` > 0
+    instead: each wrk thread sends at most that many requests a second, on a fixed schedule (wrk
+    cannot pace a rate itself): how a step serves at a chosen share of a measured maximum."""
+    if delay_ms > 0 and rate_per_thread > 0:
+        raise ValueError("a step paces by a delay or by a rate, not both")
+    if rate_per_thread > 0:
+        pacing = _RATE_PACING.format(pace_ms=round(1000.0 / rate_per_thread, 6))
+    else:
+        pacing = f"\nfunction delay()\n  return {int(delay_ms)}\nend\n" if delay_ms > 0 else ""
     return f"""-- kvpipe bench route-load: cycle through pre-generated {path} bodies
 local bodies_path = {_lua_string(bodies_path)}
 local reqs = {{}}
@@ -540,10 +581,16 @@ class _Rig:
         """CPU seconds of every router process so far."""
         return sum(_proc_cpu(p.proc.pid) for p in [self.proc, *self.replicas])
 
-    def start_wrk(self, connections: int, duration_s: float) -> tuple[subprocess.Popen, Path]:
+    def start_wrk(self, connections: int, duration_s: float, rate: float = 0.0) -> tuple[subprocess.Popen, Path]:
+        """wrk at `connections` for `duration_s`; `rate` > 0: at most that many requests a second in all."""
         self.wrk_runs += 1
         out = self.tmp / f"wrk-{self.wrk_runs}.out"
-        cmd = wrk_command(self.args.wrk, self.url, connections, duration_s, str(self.script), self.args.wrk_timeout_s)
+        script = self.script
+        if rate > 0:
+            script = self.tmp / f"route-load-rate-{self.wrk_runs}.lua"
+            script.write_text(lua_script(str(self.tmp / "bodies.jsonl"),
+                                         rate_per_thread=rate / wrk_threads(connections)))
+        cmd = wrk_command(self.args.wrk, self.url, connections, duration_s, str(script), self.args.wrk_timeout_s)
         with open(out, "wb") as f:
             popen = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env, cwd=self.tmp)
         return popen, out
@@ -567,8 +614,10 @@ class _Rig:
         return parse_wrk(text), cpu, text
 
 
-def _step(rig: _Rig, connections: int, ingest: IngestSource | None, probes: ProbeSeries) -> dict[str, Any]:
-    """One wrk run at `connections`, with or without the paced ingest and the probes beside it."""
+def _step(rig: _Rig, connections: int, ingest: IngestSource | None, probes: ProbeSeries,
+          rate: float = 0.0) -> dict[str, Any]:
+    """One wrk run at `connections`, with or without the paced ingest and the probes beside it; `rate` > 0
+    holds wrk to that many requests a second."""
     from kvpipe.bench.ingest_load import paced_freshness, summary
 
     args, proc = rig.args, rig.proc
@@ -579,7 +628,7 @@ def _step(rig: _Rig, connections: int, ingest: IngestSource | None, probes: Prob
         messages = ingest.take(max(1, round(args.ingest_rate * duration / args.ingest_events)))
     stats0 = proc.get("/stats")
     cpu0, host0, t0, wall0 = rig.cpu_s(), _host(), time.perf_counter(), time.time()
-    popen, out = rig.start_wrk(connections, duration)
+    popen, out = rig.start_wrk(connections, duration, rate)
     latencies: list[float] = []
     probe_at: list[tuple[float, float | None]] = []
     sent: dict = {}
@@ -621,6 +670,8 @@ def _step(rig: _Rig, connections: int, ingest: IngestSource | None, probes: Prob
         "other_cpu_cores": round(max(0.0, busy * ncpu - (cpu1 - cpu0 + wrk_cpu) / wall), 3),
         "applied_events_per_s": round((c1.get("events", 0) - c0.get("events", 0)) / wall),
     }
+    if rate > 0:
+        row["target_decisions_per_s"] = round(rate, 1)
     for key in ("dlq", "gaps", "duplicates", "refused_envelopes", "stale"):
         if c1.get(key, 0) - c0.get(key, 0):
             row[f"{key}_during_step"] = c1.get(key, 0) - c0.get(key, 0)
@@ -726,6 +777,9 @@ def _connections_option(ctx: click.Context, param: click.Parameter, value: str) 
 @click.option("--delay-ms", type=click.IntRange(0, 1000), default=0, show_default=True,
               help="per connection, ms between an answer and the next request (0: as fast as answered); "
                    "with --connections it sets the rate a step serves at")
+@click.option("--share", multiple=True, type=click.FloatRange(0, 1, min_open=True), metavar="SHARE",
+              help="after each step with ingest, one more at this share of the decisions/s it reached (wrk held "
+                   "to that rate; same ingest and probes): freshness at a share of the maximum (repeatable)")
 @click.option("--uncached", type=click.FloatRange(0, 1), default=0.3, show_default=True,
               help="share of bodies no node holds any of")
 @click.option("--whole", type=click.FloatRange(0, 1), default=0.1, show_default=True,
@@ -759,6 +813,8 @@ def route_load_bench(**params: Any) -> dict[str, Any]:
         raise click.BadParameter("--per-node must not exceed --documents")
     if args.uncached + args.whole > 1:
         raise click.BadParameter("--uncached + --whole must not exceed 1")
+    if args.share and (args.ingest_rate <= 0 or args.delay_ms > 0):
+        raise click.BadParameter("--share paces steps with ingest: it needs --ingest-rate > 0 and no --delay-ms")
     wrk = shutil.which(args.wrk)
     if wrk is None:
         raise click.ClickException(f"{args.wrk} not found: install wrk (apt-get install wrk)")
@@ -840,7 +896,13 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
         for c in args.connections:
             steps.append(_step(rig, c, None, probes))
             if ingest is not None:
-                steps.append(_step(rig, c, ingest, probes))
+                top = _step(rig, c, ingest, probes)
+                steps.append(top)
+                for share in args.share:  # the same load at a share of the rate just reached
+                    row = _step(rig, c, ingest, probes, rate=share * top["decisions_per_s"])
+                    row["target_share"] = share
+                    row["share_of_max"] = round(row["decisions_per_s"] / top["decisions_per_s"], 3)
+                    steps.append(row)
         nodes_seen = proc.get("/stats")["nodes"]
         # how the kernel spread the connections: native answers per replica
         native_per_replica = [p.get("/stats").get("route_server", {}).get("requests", {}).get("native", 0)
@@ -892,7 +954,14 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
         "build_s": round(build_s, 2), "load_s": round(load_s, 2),
     }
     for s in steps:
-        out["decisions_per_s"]["ingest" if s["ingest"] else "no_ingest"][str(s["connections"])] = s["decisions_per_s"]
+        if "target_share" not in s:
+            out["decisions_per_s"]["ingest" if s["ingest"] else "no_ingest"][str(s["connections"])] = \
+                s["decisions_per_s"]
+    if args.share:  # freshness at a share of the maximum with the same ingest (issue 17's goal 3 asks 0.8)
+        out["paced"] = [{"connections": s["connections"], "target_share": s["target_share"],
+                         "share_of_max": s["share_of_max"], "decisions_per_s": s["decisions_per_s"],
+                         "applied_events_per_s": s["applied_events_per_s"], "freshness_ms": s["freshness_ms"]}
+                        for s in steps if "target_share" in s]
     if ingest is not None:
         out["freshness_under_load_ms"] = loaded
         out["freshness_p50_ms"] = loaded.get("p50")

@@ -6,6 +6,7 @@ import json
 import random
 import re
 
+import click
 import pytest
 
 from kvpipe.bench import BENCHES, route_load as rl
@@ -188,6 +189,27 @@ def test_a_body_as_its_unit_chain_and_paced_scripts():
         rl.body_of(tokens, "blocks")
     assert "function delay()\n  return 3\nend" in rl.lua_script("/tmp/b.jsonl", delay_ms=3)
     assert "function delay" not in rl.lua_script("/tmp/b.jsonl")
+
+
+def test_a_rate_paced_script_keeps_one_schedule_per_thread():
+    script = rl.lua_script("/tmp/b.jsonl", rate_per_thread=4000)
+    assert "local pace = 0.25\n" in script and "function delay()" in script  # 4 000 a second: one per 0.25 ms
+    assert "clock_gettime(1, now_ts)" in script  # the monotonic clock, not the wall clock
+    assert "if slot < now - lag then\n    slot = now - lag" in script  # behind: a bounded catch-up only
+    assert "local pace = 3.333333\n" in rl.lua_script("/tmp/b.jsonl", rate_per_thread=300)
+    with pytest.raises(ValueError, match="not both"):
+        rl.lua_script("/tmp/b.jsonl", delay_ms=1, rate_per_thread=100)
+
+
+def test_shares_need_ingest_and_no_delay():
+    p = cliopts.parse(rl.route_load_bench, ["--share", "0.8", "--share", "0.5"])
+    assert p["share"] == (0.8, 0.5)
+    for argv in (["--share", "0"], ["--share", "1.5"]):
+        with pytest.raises(click.BadParameter):
+            cliopts.parse(rl.route_load_bench, argv)
+    for argv in (["--share", "0.8", "--ingest-rate", "0"], ["--share", "0.8", "--delay-ms", "2"]):
+        with pytest.raises(click.BadParameter, match="--share paces"):  # refused before anything starts
+            rl.route_load_bench.callback(**cliopts.parse(rl.route_load_bench, argv))
 
 
 def test_value_is_at_32_connections_or_the_nearest():
