@@ -18,6 +18,7 @@ import msgspec
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kvpipe.producer.config import describe_envelope, kafka_config
+from kvpipe.producer.logtail import LogTailError, newest_position, reader_config
 from kvpipe.producer.sequencer import Sequencer
 from kvpipe.producer.stall import DeliveryWatch
 from kvpipe.schemas.codec import KAFKA_HEADERS, decode_envelope, encode_vllm_batch
@@ -39,6 +40,8 @@ _LOG_FIRST = 20
 _LOG_EVERY = 1000
 # How long a metadata request made for a stalled producer may block the sender thread.
 _METADATA_TIMEOUT_S = 2.0
+# How long reading the log back after a client replacement may block it (producer/logtail.py).
+_LOG_TAIL_TIMEOUT_S = 10.0
 
 
 def _position(data: bytes) -> tuple[int, int]:
@@ -117,6 +120,8 @@ class Publisher:
         # While Kafka's client is replaced (`_replace_client`): the envelopes its purge hands back, and how many are
         # between the old client and the new one (`_pending` counts them, so a flush does not end early).
         self._moving: list[bytes] | None = None
+        self._moving_partitions: set[int] = set()  # the partitions those had been given: they may have been sent
+        self._already_written = 0  # of those, found in the log when read back: not sent again
         self._in_transfer = 0
         self._replacements = 0
         self._unanswered = 0  # the stall watch's metadata requests in a row that found no broker to ask
@@ -240,6 +245,7 @@ class Publisher:
             "in_flight": in_flight,
             "metadata_requests": self._watch.nudges,  # asked for because deliveries had stopped
             "client_replacements": self._replacements,  # Kafka's client re-created with no broker to ask
+            "already_written": self._already_written,  # held by a replaced client, found in the log, not sent again
         }
 
     def flush(self, timeout: float = 10.0) -> int:
@@ -414,10 +420,12 @@ class Publisher:
             # twice in a row (the watch's first two asks: 3 stall_s, past librdkafka's 10 s reconnect back-off with
             # the default 5 s), and a new client reaches the cluster: this one has lost its brokers
             if self._unanswered >= 2 and self._cluster_answers():
+                before = self._already_written
                 moved = self._replace_client()
                 self._unanswered = 0
                 answer += (f"; a new client reaches the cluster: Kafka's client replaced by one from the bootstrap "
-                           f"servers, its {moved} envelope(s) moved to it")
+                           f"servers, its {moved} envelope(s) moved to it, {self._already_written - before} of "
+                           f"them found in the log already")
         else:
             self._unanswered = 0
         log.warning("node %s: %d envelope(s) in Kafka's client and none delivered for %g s; asked the cluster for "
@@ -447,11 +455,13 @@ class Publisher:
         bootstrap servers. Only done when the stall watch got no answer and a new client does (`_cluster_answers`):
         while the cluster is really down the old client keeps its brokers and reconnects by itself. An envelope the
         old client had sent may have reached the broker: sent again it is a duplicate (same epoch and seq), which
-        consumers skip."""
+        consumers skip; so the log is read back first, and what it already holds is not sent again
+        (`_written_prefix`)."""
         old = self._producer
         moving: list[bytes] = []
         self._in_transfer = len(old)
         self._moving = moving
+        self._moving_partitions = set()
         try:
             old.purge(in_queue=True, in_flight=True, blocking=True)
             deadline = time.monotonic() + _METADATA_TIMEOUT_S
@@ -462,8 +472,11 @@ class Publisher:
         self._producer = Producer(self._config)
         old.close()
         # a node's envelopes are one partition's, so the reports come in order; sorted all the same
-        moving.sort(key=_position)
-        for data in moving:
+        held = sorted(((_position(data), data) for data in moving), key=lambda p: p[0])
+        written = self._written_prefix([p for p, _ in held])
+        self._already_written += written
+        self._in_transfer -= written
+        for _, data in held[written:]:
             while True:
                 try:
                     self._producer.produce(self._topic, data, self._key, headers=KAFKA_HEADERS)
@@ -474,6 +487,23 @@ class Publisher:
         self._in_transfer = 0
         self._replacements += 1
         return len(moving)
+
+    def _written_prefix(self, positions: list[tuple[int, int]]) -> int:
+        """How many of the held envelopes (their sorted (epoch, seq)) the log already has: the ones up to the node's
+        newest record in the partitions they had been given. 0 when none had one (none was sent) or the log could
+        not be read back (then all go out again, and a duplicate is one consumers skip)."""
+        if not positions or not self._moving_partitions:
+            return 0
+        config = reader_config(self._config, self._node_id)
+        try:
+            found = [newest_position(config, self._topic, p, self._key, _position, timeout_s=_LOG_TAIL_TIMEOUT_S)
+                     for p in sorted(self._moving_partitions)]
+        except LogTailError as exc:
+            log.warning("node %s: the log could not be read back after replacing Kafka's client (%s): all %d held "
+                        "envelope(s) go out again", self._node_id, exc, len(positions))
+            return 0
+        newest = max((f for f in found if f is not None), default=None)
+        return 0 if newest is None else sum(1 for p in positions if p <= newest)
 
     def _lose(self, num_events: int, reason: str) -> None:
         self._lost += num_events
@@ -488,6 +518,9 @@ class Publisher:
             value = msg.value()
             if value is not None:
                 moving.append(value)  # handed back by `_replace_client`'s purge: not a failure, it goes out again
+                partition = msg.partition()
+                if partition is not None and partition >= 0:
+                    self._moving_partitions.add(partition)
                 return
         self._failed += 1
         if self._failed <= _LOG_FIRST or self._failed % _LOG_EVERY == 0:

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from kvpipe.producer.publisher import Publisher
-from tests.integration.kafka_reading import consume
+from tests.integration.kafka_reading import client_config, consume
 from kvpipe.schemas.codec import KAFKA_HEADERS, decode_envelope, encode_vllm_batch, envelope_events
 from kvpipe.schemas.envelope import Envelope, GroupSpec, HashConfig
 from kvpipe.schemas.events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -263,6 +263,71 @@ def test_a_client_left_without_brokers_is_replaced_and_what_it_held_goes_out_onc
     envs = envelopes(kafka_bootstrap, topic, 10)
     assert [e.seq for e in envs] == list(range(10))  # once each, in order
     assert [envelope_events(e) for e in envs] == [step(i) for i in range(10)]
+
+
+class _HalfSentClient(_BrokerlessClient):
+    """A client left without brokers after its first `sent` envelopes reached the broker unanswered: those are
+    written to the topic (through a client of their own) as well as held, as an in-flight request that the broker
+    wrote and whose answer never came back leaves them."""
+
+    def __init__(self, client, bootstrap: str, sent: int) -> None:
+        from confluent_kafka import Producer
+
+        super().__init__(client)
+        self._side, self._left = Producer(client_config(bootstrap)), sent
+
+    def produce(self, *args, **kwargs):
+        if self._left > 0:
+            self._left -= 1
+            self._side.produce(*args, **kwargs)
+            assert self._side.flush(10) == 0
+        return self._client.produce(*args, **kwargs)
+
+
+def test_a_replaced_client_does_not_send_again_what_the_log_already_has(kafka_bootstrap, unique_topic, caplog):
+    topic = unique_topic("pub-replace-half")
+    caplog.set_level(logging.WARNING, logger="kvpipe.producer.publisher")
+    pub = Publisher(settings(producer_stall_s=0.3), "node-h", topic=topic, producer_config={"linger.ms": 2500})
+    pub._producer = _HalfSentClient(pub._producer, kafka_bootstrap, 4)  # type: ignore[assignment]
+    try:
+        for i in range(10):
+            assert pub.publish(step(i))
+        assert pub.flush(20) == 0
+        counters = pub.counters()
+    finally:
+        pub.close()
+    assert counters["client_replacements"] == 1 and counters["already_written"] == 4
+    assert counters["failed"] == counters["dropped"] == 0 and counters["delivered"] == 10
+    replaced = [r.getMessage() for r in caplog.records if "replaced" in r.getMessage()]
+    assert replaced and "10 envelope(s) moved to it, 4 of them found in the log already" in replaced[0], replaced
+    envs = envelopes(kafka_bootstrap, topic, 10)
+    assert [e.seq for e in envs] == list(range(10))  # the four the broker had are not there twice
+    assert len(consume(kafka_bootstrap, topic, 11, timeout=3)) == 10  # and nothing after them
+
+
+def test_the_log_is_read_back_to_a_nodes_newest_record(kafka_bootstrap, unique_topic) -> None:
+    from confluent_kafka import Producer
+
+    from kvpipe.producer.logtail import LogTailError, newest_position, reader_config
+
+    topic = unique_topic("pub-logtail")
+    producer = Producer(client_config(kafka_bootstrap))
+    for i in range(5):
+        producer.produce(topic, value=b"%d" % i, key=b"node-a")
+    for i in range(50):  # other nodes' records after node-a's newest: more than the first windows
+        producer.produce(topic, value=b"%d" % i, key=b"node-b")
+    assert producer.flush(10) == 0
+    config = reader_config({**client_config(kafka_bootstrap), "linger.ms": 5, "acks": "all"}, "t")
+    assert "linger.ms" not in config and "acks" not in config  # the producer's own properties stay behind
+
+    def position(value: bytes) -> tuple[int, int]:
+        return 1, int(value)
+
+    assert newest_position(config, topic, 0, b"node-a", position, first_window=4) == (1, 4)  # windows 4, 16, 64
+    assert newest_position(config, topic, 0, b"node-b", position, first_window=4) == (1, 49)
+    assert newest_position(config, topic, 0, b"node-c", position, first_window=4) is None  # read to the start
+    with pytest.raises(LogTailError, match="no record of b'node-a' in the last 20"):
+        newest_position(config, topic, 0, b"node-a", position, first_window=4, max_records=20)
 
 
 def test_a_client_is_not_replaced_while_the_cluster_is_down(monkeypatch) -> None:
