@@ -95,6 +95,8 @@ BENCH_FLAGS = {
     "route": ["--nodes", "--requests", "--warmup", "--documents", "--prompt-tokens", "--per-node", "--configs",
               "--partitions", "--seed", "--no-dynamo", "--in-process-only", "--keep-topics", "--snapshots"],
     "fuzz": ["--inputs", "--seed", "--node-flood", "--oversize-live"],
+    "route-load": ["--connections", "--duration-s", "--ingest-rate", "--probes", "--processor-env", "--share",
+                   "--delay-ms", "--form", "--cpus", "--replicas"],
 }
 
 
