@@ -51,7 +51,11 @@ def newest_position(config: dict, topic: str, partition: int, key: bytes,
                 if record_key == key and value is not None:
                     newest = value  # offset order is the node's order: the last one seen is its newest
             if newest is not None:
-                return position(newest)
+                try:
+                    return position(newest)
+                except Exception as exc:  # not an envelope of ours: nothing to say about the held ones
+                    raise LogTailError(f"the newest record of {key!r} in partition {partition} is unreadable: "
+                                       f"{exc}") from exc
             scanned += end - start
             if scanned >= max_records:
                 raise LogTailError(f"no record of {key!r} in the last {scanned} of partition {partition}")

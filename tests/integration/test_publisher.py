@@ -328,6 +328,8 @@ def test_the_log_is_read_back_to_a_nodes_newest_record(kafka_bootstrap, unique_t
     assert newest_position(config, topic, 0, b"node-c", position, first_window=4) is None  # read to the start
     with pytest.raises(LogTailError, match="no record of b'node-a' in the last 20"):
         newest_position(config, topic, 0, b"node-a", position, first_window=4, max_records=20)
+    with pytest.raises(LogTailError, match="unreadable"):  # a record of the key that is no envelope of ours
+        newest_position(config, topic, 0, b"node-a", lambda value: (1, int(b"x" + value)))
 
 
 def test_a_client_is_not_replaced_while_the_cluster_is_down(monkeypatch) -> None:
