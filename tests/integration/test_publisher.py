@@ -241,20 +241,25 @@ class _BrokerlessClient:
         raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: Local: Broker transport failure"))
 
 
-def test_a_client_left_without_brokers_is_replaced_and_what_it_held_goes_out_once_in_order(kafka_bootstrap,
-                                                                                           unique_topic, caplog):
-    topic = unique_topic("pub-replace")
-    caplog.set_level(logging.WARNING, logger="kvpipe.producer.publisher")
+def _ten_steps_through(wrap, node: str, topic: str) -> dict[str, int]:
+    """A publisher's counters after ten steps through `wrap(its Kafka client)`, flushed."""
     # linger: the envelopes wait in the client, none delivered, so the stall watch asks (0.3 s, then 0.9 s)
-    pub = Publisher(settings(producer_stall_s=0.3), "node-r", topic=topic, producer_config={"linger.ms": 2500})
-    pub._producer = _BrokerlessClient(pub._producer)  # type: ignore[assignment]
+    pub = Publisher(settings(producer_stall_s=0.3), node, topic=topic, producer_config={"linger.ms": 2500})
+    pub._producer = wrap(pub._producer)
     try:
         for i in range(10):
             assert pub.publish(step(i))
         assert pub.flush(20) == 0
-        counters = pub.counters()
+        return pub.counters()
     finally:
         pub.close()
+
+
+def test_a_client_left_without_brokers_is_replaced_and_what_it_held_goes_out_once_in_order(kafka_bootstrap,
+                                                                                           unique_topic, caplog):
+    topic = unique_topic("pub-replace")
+    caplog.set_level(logging.WARNING, logger="kvpipe.producer.publisher")
+    counters = _ten_steps_through(_BrokerlessClient, "node-r", topic)
     # the second unanswered request, with the cluster answering a new client, replaced it; nothing failed
     assert counters["client_replacements"] == 1 and counters["metadata_requests"] >= 2
     assert counters["failed"] == counters["dropped"] == 0 and counters["delivered"] == 10
@@ -287,15 +292,7 @@ class _HalfSentClient(_BrokerlessClient):
 def test_a_replaced_client_does_not_send_again_what_the_log_already_has(kafka_bootstrap, unique_topic, caplog):
     topic = unique_topic("pub-replace-half")
     caplog.set_level(logging.WARNING, logger="kvpipe.producer.publisher")
-    pub = Publisher(settings(producer_stall_s=0.3), "node-h", topic=topic, producer_config={"linger.ms": 2500})
-    pub._producer = _HalfSentClient(pub._producer, kafka_bootstrap, 4)  # type: ignore[assignment]
-    try:
-        for i in range(10):
-            assert pub.publish(step(i))
-        assert pub.flush(20) == 0
-        counters = pub.counters()
-    finally:
-        pub.close()
+    counters = _ten_steps_through(lambda client: _HalfSentClient(client, kafka_bootstrap, 4), "node-h", topic)
     assert counters["client_replacements"] == 1 and counters["already_written"] == 4
     assert counters["failed"] == counters["dropped"] == 0 and counters["delivered"] == 10
     replaced = [r.getMessage() for r in caplog.records if "replaced" in r.getMessage()]
