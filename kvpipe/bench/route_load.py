@@ -898,6 +898,8 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
             if ingest is not None:
                 top = _step(rig, c, ingest, probes)
                 steps.append(top)
+                if args.share and top["decisions_per_s"] <= 0:  # a rate of 0 would run wrk unpaced
+                    raise RuntimeError(f"route-load: no decisions at {c} connections with ingest, no share of it")
                 for share in args.share:  # the same load at a share of the rate just reached
                     row = _step(rig, c, ingest, probes, rate=share * top["decisions_per_s"])
                     row["target_share"] = share
