@@ -92,8 +92,10 @@ def test_store_outage_stalls_analytics_only_and_loses_no_row(kafka_bootstrap, tm
         _publish(rng, nodes, 250)  # far more rows than the queue bound
         end = session.end_offsets()
         index.wait_offsets(end, timeout=60)  # the routing app applied everything during the outage
-        stats = _wait("analytics paused at its queue bound",
-                      lambda: (s := analytics.get("/stats"))["store"]["consumption_paused"] and s, 60)
+        # a fetched run's rows can fill the queue before the first insert has been refused: wait for both
+        stats = _wait("analytics paused at its queue bound with the store refusing",
+                      lambda: (s := analytics.get("/stats"))["store"]["consumption_paused"]
+                      and s["store"]["state"] == "refusing" and s, 60)
         store = stats["store"]
         assert store["state"] == "refusing" and not store["up"] and "test fault" in store["reason"]
         assert store["pending_rows"] >= QUEUE_ROWS
