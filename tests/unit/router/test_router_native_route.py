@@ -35,6 +35,17 @@ def _python(index, body: RouteRequest) -> dict:
     return _plain(msgspec.json.encode(answer))
 
 
+def _settled(left, right, tries: int = 3) -> tuple:
+    """`left()` and `right()`, asked again while they differ: a stale row says "silent for N s" to a tenth of a
+    second from each call's own clock, and two calls a few ms apart on a busy host can fall either side of a tenth.
+    A real difference stays through every try."""
+    for _ in range(tries):
+        a, b = left(), right()
+        if a == b:
+            break
+    return a, b
+
+
 def _fleet(seed: int, configs: int = 1):
     rng = random.Random(seed)
     index, docs = bench.build(24, 6, 512, 2, configs, rng, windows=1 + seed % 3 // 2)
@@ -64,9 +75,10 @@ def test_native_answers_equal_the_python_path(seed):
         for top_k in (None, 1, 2, 5):
             # every third prompt asks the prefix-per-group semantics (rows also say each group's prefixes)
             req = RouteRequest(token_ids=tokens, top_k=top_k, semantics="prefix-per-group" if i % 3 == 2 else "hma")
-            got = path.answer(msgspec.json.encode(req))
-            assert got is not None, (seed, top_k)
-            assert _plain(got) == _python(index, req), (seed, top_k, len(tokens), req.semantics)
+            body = msgspec.json.encode(req)
+            assert path.answer(body) is not None, (seed, top_k)
+            got, want = _settled(lambda: _plain(path.answer(body)), lambda: _python(index, req))
+            assert got == want, (seed, top_k, len(tokens), req.semantics)
             checked += 1
     assert checked == 4 * 15
 
@@ -90,14 +102,17 @@ def test_native_answers_to_a_unit_chain_equal_the_python_path(seed):
             req = RouteRequest(unit_hashes=_chain(tokens, as_bytes=i % 2 == 1), hash_block_size=16,
                                num_tokens=len(tokens), top_k=top_k,
                                semantics="prefix-per-group" if top_k == 3 else "hma")
-            got = path.answer(msgspec.json.encode(req))
+            body = msgspec.json.encode(req)
+            got = path.answer(body)
             assert got is not None, (seed, top_k, i)
-            want = _python(index, req)
-            assert _plain(got) == want, (seed, top_k, len(tokens))
-            assert want["hash_configs"] == [] and json.loads(got)["hashing_s"] == 0.0
+            assert json.loads(got)["hashing_s"] == 0.0
+            plain, want = _settled(lambda: _plain(path.answer(body)), lambda: _python(index, req))
+            assert plain == want, (seed, top_k, len(tokens))
+            assert want["hash_configs"] == []
             # the same prompt as token ids: the same nodes, rows and scores
-            by_tokens = _python(index, RouteRequest(token_ids=tokens, top_k=top_k, semantics=req.semantics))
-            assert by_tokens["nodes"] == want["nodes"] and by_tokens["chosen"] == want["chosen"]
+            as_tokens = RouteRequest(token_ids=tokens, top_k=top_k, semantics=req.semantics)
+            by_tokens, by_units = _settled(lambda: _python(index, as_tokens), lambda: _python(index, req))
+            assert (by_tokens["nodes"], by_tokens["chosen"]) == (by_units["nodes"], by_units["chosen"])
             checked += 1
     assert checked == 3 * 9
 
@@ -153,8 +168,10 @@ def test_a_moved_index_or_inflight_guesses_close_the_native_path_until_refreshed
     index._move()  # what a node coming, going or changing epoch does
     assert path.answer(body) is None  # told at once: Python answers until the plan is re-exported
     path.refresh(None)
-    assert path.answer(body) is not None and _plain(path.answer(body)) == _python(index, RouteRequest(
-        token_ids=json.loads(body)["token_ids"], top_k=1))
+    assert path.answer(body) is not None
+    got, want = _settled(lambda: _plain(path.answer(body)), lambda: _python(index, RouteRequest(
+        token_ids=json.loads(body)["token_ids"], top_k=1)))
+    assert got == want
     inflight = InFlight(30.0, 100, 10_000)
     some = next(iter(index.nodes.values()))
     inflight.sent("r1", some.node_id, {0: [1, 2, 3]}, time.time())
@@ -175,8 +192,8 @@ def test_loads_and_suspect_marks_reach_it_on_refresh():
     chosen = before["chosen"]
     index.nodes[chosen].mark_suspect("test: marked after the plan")
     path.refresh(None)
-    after = _plain(path.answer(msgspec.json.encode(req)))
-    assert after == _python(index, req) and after["chosen"] != chosen
+    after, want = _settled(lambda: _plain(path.answer(msgspec.json.encode(req))), lambda: _python(index, req))
+    assert after == want and after["chosen"] != chosen
 
 
 def test_a_hash_configuration_hashed_in_python_keeps_the_path_closed():
@@ -226,7 +243,9 @@ def test_remembered_unit_digests_give_the_same_answers_and_only_held_prefixes_ar
     # prompts no node holds are hashed in full every time and never kept
     for t in uncached:
         body = msgspec.json.encode(RouteRequest(token_ids=t, top_k=1))
-        assert _plain(path.answer(body)) == _python(index, RouteRequest(token_ids=t, top_k=1))
+        got, want = _settled(lambda: _plain(path.answer(body)), lambda: _python(index, RouteRequest(token_ids=t,
+                                                                                                   top_k=1)))
+        assert got == want
         path.answer(body)
     final = path.router.memo_stats()
     assert final["admitted"] == after_again["admitted"] and final["hits"] == after_again["hits"]
