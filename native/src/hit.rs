@@ -131,6 +131,14 @@ impl Held<'_> {
     }
 }
 
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        a.abs()
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 fn cdiv(a: i64, b: i64) -> i64 {
     -((-a).div_euclid(b))
 }
@@ -210,45 +218,37 @@ fn find_sliding(
 ) -> (Found, i64) {
     let need = cdiv(window - 1, bs) + i64::from(drop_eagle);
     let n = count(fdiv(max_length, bs), held.len);
-    let aligned_only = bs != alignment;
+    // A run may end (at its right) only on an aligned boundary: the block after it (the block
+    // itself with EAGLE's drop) starts a multiple of `alignment` tokens in. Where the block size is
+    // a multiple of the alignment, every boundary is one.
+    let aligned_only = bs % alignment != 0;
+    // right ends r (a run covers blocks r - need .. r) come every `every` blocks, offset by the drop
+    let every = (alignment / gcd(bs, alignment)) as usize;
+    let drop = usize::from(drop_eagle);
+    let aligned_below = |x: usize| (x >= drop).then(|| x - (x - drop) % every);
+    let need = need.max(1) as usize;
     let mut run = 0usize;
     let mut found: Option<Found> = None;
-    if !aligned_only {
-        // runs a word at a time, from the right: ones, then the zeros below them
-        let need = need.max(1) as usize;
-        let mut i = n;
-        while i > 0 {
-            let ones = held.ones_down(i, need - run);
-            run += ones;
-            i -= ones;
-            if run >= need {
-                found = Some(Found::new(i, i + run));
-                break;
-            }
-            if i == 0 {
-                break;
-            }
-            run = 0;
-            i -= held.zeros_down(i);
+    // From the right, a word at a time: the held blocks below each aligned right end; where they
+    // stop short of `need`, the next right end is the aligned one at or below the highest held
+    // block under the gap.
+    let mut right = aligned_below(n);
+    while let Some(r) = right.filter(|&r| r > 0) {
+        let ones = held.ones_down(r, need);
+        if ones >= need {
+            found = Some(Found::new(r - need, r));
+            break;
         }
-    }
-    for i in (0..if aligned_only { n } else { 0 }).rev() {
-        if run == 0 && aligned_only {
-            // A run may only end (at its right) on an aligned boundary.
-            let right = if drop_eagle { i } else { i + 1 } as i64;
-            if (right * bs) % alignment != 0 {
-                continue;
-            }
+        if ones == r {
+            run = ones; // the run touching block 0
+            break;
         }
-        if held.has(i) {
-            run += 1;
-            if run as i64 >= need {
-                found = Some(Found::new(i, i + run));
-                break;
-            }
-        } else {
-            run = 0;
+        let gap = r - ones - 1; // a block not held
+        let zeros = held.zeros_down(gap + 1);
+        if zeros > gap {
+            break; // nothing held below
         }
+        right = aligned_below(gap - zeros + 1);
     }
     let pop_unaligned = |f: &mut Found| {
         if aligned_only {
@@ -286,7 +286,9 @@ fn find_mamba(held: &Held, max_length: i64, bs: i64, alignment: i64) -> (Found, 
         }
         return (Found::default(), 0);
     }
-    let aligned_only = bs != alignment;
+    // A run may end only on an aligned boundary; where the block size is a multiple of the
+    // alignment every block boundary is one, and the word-at-a-time scan below applies.
+    let aligned_only = bs % alignment != 0;
     for i in (0..count(fdiv(max_length, bs), held.len)).rev() {
         if aligned_only && ((i as i64 + 1) * bs) % alignment != 0 {
             continue;
