@@ -68,6 +68,31 @@ impl<'a> Reader<'a> {
         Some(if neg { -v } else { v })
     }
 
+    /// A JSON integer in [0, 2**64): vLLM's external block hashes mostly have 19 or 20 digits,
+    /// past `int`'s 18 (before, nearly every unit-chain body went to serde for them). None for a
+    /// sign, a leading zero, a fraction or exponent, or a value past u64 (serde refuses those keys).
+    #[inline]
+    fn key(&mut self) -> Option<u64> {
+        let start = self.i;
+        let mut v: u64 = 0;
+        while let Some(&c) = self.b.get(self.i) {
+            let d = c.wrapping_sub(b'0');
+            if d > 9 {
+                break;
+            }
+            v = v.checked_mul(10)?.checked_add(d as u64)?;
+            self.i += 1;
+        }
+        let n = self.i - start;
+        if n == 0 || (n > 1 && self.b[start] == b'0') {
+            return None;
+        }
+        if let Some(b'.' | b'e' | b'E') = self.peek() {
+            return None;
+        }
+        Some(v)
+    }
+
     /// A string of printable ASCII without escapes.
     fn plain_str(&mut self) -> Option<&'a str> {
         self.eat(b'"')?;
@@ -308,7 +333,7 @@ fn unit_key(r: &mut Reader) -> Option<UnitKey> {
         b'"' => UnitKey::from_hex(r.plain_str()?),
         // a key is never negative (serde: refused)
         b'-' => None,
-        _ => r.int().map(|v| UnitKey(v as u64)),
+        _ => r.key().map(UnitKey),
     }
 }
 
@@ -413,6 +438,7 @@ mod tests {
             br#" { "token_ids" : [ 0 , -5 , 150000 ] , "semantics" : "prefix-per-group" } "#,
             br#"{"unit_hashes":[18446744073709551,"0x00ff","0xABCDEF0123456789ab"],"hash_block_size":16,"num_tokens":48}"#,
             br#"{"token_ids":[],"top_k":-3}"#,
+            br#"{"unit_hashes":[18446744073709551615,1000000000000000000,9999999999999999999,0],"hash_block_size":16,"num_tokens":64}"#,
             b"{}",
             b"{\"token_ids\":[1]}\n",
             br#"{"semantics":"hma","token_ids":[7]}"#,
@@ -439,6 +465,10 @@ mod tests {
             br#"{"semantics":"HMA"}"#,
             br#"{"unit_hashes":[-1]}"#,
             br#"{"unit_hashes":[-0]}"#,
+            br#"{"unit_hashes":[18446744073709551616]}"#,
+            br#"{"unit_hashes":[99999999999999999999]}"#,
+            br#"{"unit_hashes":[1.5]}"#,
+            br#"{"unit_hashes":[012]}"#,
             br#"{"unit_hashes":["0x1"]}"#,
             b"{\"token_ids\":[1]\x0c}",
             br#"[1,2]"#,
