@@ -1,6 +1,6 @@
 """How far one node's envelopes reached a partition's log: read back from the log's end.
 
-`Publisher._replace_client` purges a Kafka client that lost its brokers and produces what it held again
+`ClientSwap.replace` (producer/clientswap.py) purges a Kafka client that lost its brokers and produces what it held again
 through a new one. Some of those envelopes may have been sent before the purge: the broker wrote them and the
 answer never came back. Produced again they would be duplicates on the topic (a new client is a new
 idempotent producer, so the broker cannot tell). A node's envelopes go to one partition in (epoch, seq)

@@ -17,11 +17,11 @@ from typing import Any
 import msgspec
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from kvpipe.producer.clientswap import ClientSwap
 from kvpipe.producer.config import describe_envelope, kafka_config
-from kvpipe.producer.logtail import LogTailError, newest_position, reader_config
 from kvpipe.producer.sequencer import Sequencer
 from kvpipe.producer.stall import DeliveryWatch
-from kvpipe.schemas.codec import KAFKA_HEADERS, decode_envelope, encode_vllm_batch
+from kvpipe.schemas.codec import KAFKA_HEADERS, encode_vllm_batch
 from kvpipe.schemas.envelope import Envelope, GroupSpec, HashConfig
 from kvpipe.schemas.events import Event
 from kvpipe.schemas.settings import Settings
@@ -40,14 +40,6 @@ _LOG_FIRST = 20
 _LOG_EVERY = 1000
 # How long a metadata request made for a stalled producer may block the sender thread.
 _METADATA_TIMEOUT_S = 2.0
-# How long reading the log back after a client replacement may block it (producer/logtail.py).
-_LOG_TAIL_TIMEOUT_S = 10.0
-
-
-def _position(data: bytes) -> tuple[int, int]:
-    """(epoch, seq) of an envelope the publisher encoded."""
-    env = decode_envelope(data)
-    return env.epoch, env.seq
 
 
 class _RawBatch(msgspec.Struct, gc=False):
@@ -117,13 +109,9 @@ class Publisher:
         config["on_delivery"] = self._on_delivery
         self._config = config
         self._producer = Producer(config)
-        # While Kafka's client is replaced (`_replace_client`): the envelopes its purge hands back, and how many are
-        # between the old client and the new one (`_pending` counts them, so a flush does not end early).
-        self._moving: list[bytes] | None = None
-        self._moving_partitions: set[int] = set()  # the partitions those had been given: they may have been sent
-        self._already_written = 0  # of those, found in the log when read back: not sent again
-        self._in_transfer = 0
-        self._replacements = 0
+        # replaces a client that lost every broker (producer/clientswap.py); its envelopes in transfer count as
+        # pending, so a flush does not end early
+        self._swap = ClientSwap(config, self._topic, self._key, node_id)
         self._unanswered = 0  # the stall watch's metadata requests in a row that found no broker to ask
 
         self._queue: deque = deque()
@@ -244,8 +232,8 @@ class Publisher:
             "queue_depth": len(self._queue),
             "in_flight": in_flight,
             "metadata_requests": self._watch.nudges,  # asked for because deliveries had stopped
-            "client_replacements": self._replacements,  # Kafka's client re-created with no broker to ask
-            "already_written": self._already_written,  # held by a replaced client, found in the log, not sent again
+            "client_replacements": self._swap.replacements,  # Kafka's client re-created with no broker to ask
+            "already_written": self._swap.already_written,  # held by a replaced client, in the log, not sent again
         }
 
     def flush(self, timeout: float = 10.0) -> int:
@@ -304,7 +292,7 @@ class Publisher:
         self._wake.set()
 
     def _pending(self) -> int:
-        return (self._enqueued - self._taken) + len(self._producer) + self._in_transfer
+        return (self._enqueued - self._taken) + len(self._producer) + self._swap.in_transfer
 
     # -- background thread -----------------------------------------------------------------------
 
@@ -419,91 +407,17 @@ class Publisher:
             self._unanswered = self._unanswered + 1 if unreachable else 0
             # twice in a row (the watch's first two asks: 3 stall_s, past librdkafka's 10 s reconnect back-off with
             # the default 5 s), and a new client reaches the cluster: this one has lost its brokers
-            if self._unanswered >= 2 and self._cluster_answers():
-                before = self._already_written
-                moved = self._replace_client()
+            if self._unanswered >= 2 and self._swap.cluster_answers(_METADATA_TIMEOUT_S):
+                before = self._swap.already_written
+                self._producer, moved = self._swap.replace(self._producer, _METADATA_TIMEOUT_S)
                 self._unanswered = 0
                 answer += (f"; a new client reaches the cluster: Kafka's client replaced by one from the bootstrap "
-                           f"servers, its {moved} envelope(s) moved to it, {self._already_written - before} of "
+                           f"servers, its {moved} envelope(s) moved to it, {self._swap.already_written - before} of "
                            f"them found in the log already")
         else:
             self._unanswered = 0
         log.warning("node %s: %d envelope(s) in Kafka's client and none delivered for %g s; asked the cluster for "
                     "%s's metadata again (%s)", self._node_id, in_flight, self._watch.waited, self._topic, answer)
-
-    def _cluster_answers(self) -> bool:
-        """Whether a new client, from the bootstrap servers, gets the topic's metadata: the cluster is up, so a client
-        that gets none has lost its brokers (`_replace_client`), where one waiting out an outage has not."""
-        probe = Producer({k: v for k, v in self._config.items() if k not in ("on_delivery", "error_cb")})
-        try:
-            probe.list_topics(self._topic, timeout=_METADATA_TIMEOUT_S)
-            return True
-        except KafkaException:
-            return False
-        finally:
-            probe.close()
-
-    def _replace_client(self) -> int:
-        """A new Kafka client in place of one that cannot reach any broker, with the envelopes the old one held, in
-        their order; returns how many moved.
-
-        Why: librdkafka drops every broker a metadata answer leaves out, and a single broker in its controlled
-        shutdown answers with none. A client that asked just then has no broker left to ask. Its re-bootstrap is
-        meant to add the bootstrap servers back; reproduced here (six producers polling metadata, one broker
-        restarted over and over), one client in six stayed without any for good after one restart in five, and with
-        re-bootstrap off three in six after the second (RELIABILITY.md §8). A new client starts from the
-        bootstrap servers. Only done when the stall watch got no answer and a new client does (`_cluster_answers`):
-        while the cluster is really down the old client keeps its brokers and reconnects by itself. An envelope the
-        old client had sent may have reached the broker: sent again it is a duplicate (same epoch and seq), which
-        consumers skip; so the log is read back first, and what it already holds is not sent again
-        (`_written_prefix`)."""
-        old = self._producer
-        moving: list[bytes] = []
-        self._in_transfer = len(old)
-        self._moving = moving
-        self._moving_partitions = set()
-        try:
-            old.purge(in_queue=True, in_flight=True, blocking=True)
-            deadline = time.monotonic() + _METADATA_TIMEOUT_S
-            while len(old) and time.monotonic() < deadline:
-                old.poll(0.01)  # serves the purge reports: `_on_delivery` collects the envelopes
-        finally:
-            self._moving = None
-        self._producer = Producer(self._config)
-        old.close()
-        # a node's envelopes are one partition's, so the reports come in order; sorted all the same
-        held = sorted(((_position(data), data) for data in moving), key=lambda p: p[0])
-        written = self._written_prefix([p for p, _ in held])
-        self._already_written += written
-        self._in_transfer -= written
-        for _, data in held[written:]:
-            while True:
-                try:
-                    self._producer.produce(self._topic, data, self._key, headers=KAFKA_HEADERS)
-                    break
-                except BufferError:  # the moved envelopes fit the old client's queue; this one's is the same size
-                    self._producer.poll(0.05)
-            self._in_transfer -= 1
-        self._in_transfer = 0
-        self._replacements += 1
-        return len(moving)
-
-    def _written_prefix(self, positions: list[tuple[int, int]]) -> int:
-        """How many of the held envelopes (their sorted (epoch, seq)) the log already has: the ones up to the node's
-        newest record in the partitions they had been given. 0 when none had one (none was sent) or the log could
-        not be read back (then all go out again, and a duplicate is one consumers skip)."""
-        if not positions or not self._moving_partitions:
-            return 0
-        config = reader_config(self._config, self._node_id)
-        try:
-            found = [newest_position(config, self._topic, p, self._key, _position, timeout_s=_LOG_TAIL_TIMEOUT_S)
-                     for p in sorted(self._moving_partitions)]
-        except LogTailError as exc:
-            log.warning("node %s: the log could not be read back after replacing Kafka's client (%s): all %d held "
-                        "envelope(s) go out again", self._node_id, exc, len(positions))
-            return 0
-        newest = max((f for f in found if f is not None), default=None)
-        return 0 if newest is None else sum(1 for p in positions if p <= newest)
 
     def _lose(self, num_events: int, reason: str) -> None:
         self._lost += num_events
@@ -513,15 +427,8 @@ class Publisher:
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:  # only when a caller re-enabled success reports
             return
-        moving = self._moving
-        if moving is not None and err.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
-            value = msg.value()
-            if value is not None:
-                moving.append(value)  # handed back by `_replace_client`'s purge: not a failure, it goes out again
-                partition = msg.partition()
-                if partition is not None and partition >= 0:
-                    self._moving_partitions.add(partition)
-                return
+        if self._swap.collect(err, msg):  # handed back by a client replacement's purge: it goes out again
+            return
         self._failed += 1
         if self._failed <= _LOG_FIRST or self._failed % _LOG_EVERY == 0:
             log.error("node %s: envelope %s to %s failed: %s (%d failed so far)",

@@ -8,7 +8,7 @@ the same broker delivered again within seconds. An explicit metadata request mak
 the leaders again; it is one small request, and it is only sent when envelopes are waiting and none
 has left the client for a while (a broker outage backs it off to once a minute). When the requests find no
 broker at all while a new client reaches the cluster, the publisher replaces its client
-(producer/publisher.py: `_replace_client` says why).
+(producer/clientswap.py says why).
 """
 from __future__ import annotations
 
