@@ -72,6 +72,34 @@ def test_both_engines_are_timed_on_the_same_requests_and_checked_equal():
                                   "or ai-dynamo-runtime==1.6.1)"}
     else:
         assert dyn["find_matches"]["p50_us"] > 0
+        warm = dyn["back_to_back"]
+        assert warm["dynamo"]["p50_us"] > 0 and warm["ratio_dynamo_p50_over_decision_p50"] > 0
+
+
+def test_back_to_back_asks_each_call_twice_and_times_the_second(monkeypatch):
+    """The steady-state comparison's order (no Dynamo needed: a tree that records what it is asked)."""
+    from kvpipe.bench import route_dynamo
+
+    monkeypatch.setattr(route_dynamo, "SETTLE_CALLS", 2)
+    monkeypatch.setattr(route_dynamo.time, "sleep", lambda s: None)
+    asked: list = []
+
+    class Tree:
+        def find_matches(self, seq):
+            asked.append(("dynamo", tuple(seq)))
+            return type("Scores", (), {"scores": {}})()
+
+    def ours(name):
+        return lambda: asked.append((name, None))
+
+    cases = [([1, 2], {"decision": ours("decision"), "prefix_route": ours("prefix")}),
+             ([b"\x00" * 24 + b"\x00\x00\x00\x00\x00\x00\x00\x03"], {"decision": ours("decision"), "prefix_route": ours("prefix")})]
+    times = route_dynamo.back_to_back(Tree(), cases)
+    assert {k: len(v) for k, v in times.items()} == {"dynamo": 2, "decision": 2, "prefix_route": 2}
+    assert all(t >= 0 for v in times.values() for t in v)
+    # settling, then every Dynamo lookup twice (the bytes hash by its last 8 bytes), then each of ours twice
+    assert asked == [("dynamo", (1, 2))] * 4 + [("dynamo", (3,))] * 2 + [("decision", None)] * 2 \
+        + [("prefix", None)] * 2 + [("decision", None)] * 2 + [("prefix", None)] * 2
 
 
 def test_a_disagreement_between_the_engines_stops_the_bench(monkeypatch):
