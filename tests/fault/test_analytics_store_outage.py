@@ -99,8 +99,6 @@ def test_store_outage_stalls_analytics_only_and_loses_no_row(kafka_bootstrap, tm
         store = stats["store"]
         assert store["state"] == "refusing" and not store["up"] and "test fault" in store["reason"]
         assert store["pending_rows"] >= QUEUE_ROWS
-        lag = {p: f["lag_messages"] for p, f in stats["freshness"].items()}
-        assert sum(v or 0 for v in lag.values()) > 0, f"analytics lags while the store refuses: {lag}"
         metrics = analytics.get("/metrics")
         assert "kvpipe_analytics_store_up{reason=" in metrics and "} 0.0" in metrics.split("kvpipe_analytics_store_up{")[1]
         assert "kvpipe_analytics_partition_lag_messages{partition=" in metrics
@@ -113,6 +111,10 @@ def test_store_outage_stalls_analytics_only_and_loses_no_row(kafka_bootstrap, tm
         index.wait_offsets(end, timeout=60)
         stalled = analytics.get("/stats")
         assert any(f["offset"] < end[int(p)] - 1 for p, f in stalled["freshness"].items())
+        # lag per partition, asked once analytics is paused and more load came: before that pause one fetched run
+        # can be applied whole (its rows queued past the bound), leaving no event unapplied, so no lag yet
+        _wait("analytics reporting its lag while the store refuses",
+              lambda: sum(f["lag_messages"] or 0 for f in analytics.get("/stats")["freshness"].values()) > 0, 30)
 
         time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - t_outage)))
         stalled_s = time.monotonic() - t_outage
