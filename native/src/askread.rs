@@ -44,33 +44,19 @@ impl<'a> Reader<'a> {
             self.i += 1;
         }
         let start = self.i;
-        let mut v: i64 = 0;
-        while let Some(&c) = self.b.get(self.i) {
-            let d = c.wrapping_sub(b'0');
-            if d > 9 {
-                break;
-            }
-            v = v * 10 + d as i64;
-            self.i += 1;
-        }
-        let n = self.i - start;
-        // JSON has no leading zeros; 19+ digits may not fit (serde reads those)
-        if n == 0 || n > 18 || (n > 1 && self.b[start] == b'0') {
+        let v = self.key()?;
+        // 19+ digits may not fit (serde reads those); serde reads `-0` as the float -0.0, which an
+        // int field refuses
+        if self.i - start > 18 || (neg && v == 0) {
             return None;
         }
-        // serde reads `-0` as the float -0.0, which an int field refuses
-        if neg && v == 0 {
-            return None;
-        }
-        if let Some(b'.' | b'e' | b'E') = self.peek() {
-            return None;
-        }
-        Some(if neg { -v } else { v })
+        Some(if neg { -(v as i64) } else { v as i64 })
     }
 
-    /// A JSON integer in [0, 2**64): vLLM's external block hashes mostly have 19 or 20 digits,
-    /// past `int`'s 18 (before, nearly every unit-chain body went to serde for them). None for a
-    /// sign, a leading zero, a fraction or exponent, or a value past u64 (serde refuses those keys).
+    /// A JSON integer in [0, 2**64) (JSON has no leading zeros): vLLM's external block hashes
+    /// mostly have 19 or 20 digits, past `int`'s 18 (before, nearly every unit-chain body went to
+    /// serde for them). None for a sign, a leading zero, a fraction or exponent, or a value past
+    /// u64 (serde refuses those keys).
     #[inline]
     fn key(&mut self) -> Option<u64> {
         let start = self.i;

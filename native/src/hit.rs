@@ -286,9 +286,7 @@ fn find_mamba(held: &Held, max_length: i64, bs: i64, alignment: i64) -> (Found, 
         }
         return (Found::default(), 0);
     }
-    // A run may end only on an aligned boundary; where the block size is a multiple of the
-    // alignment every block boundary is one, and the word-at-a-time scan below applies.
-    let aligned_only = bs % alignment != 0;
+    let aligned_only = bs != alignment;
     for i in (0..count(fdiv(max_length, bs), held.len)).rev() {
         if aligned_only && ((i as i64 + 1) * bs) % alignment != 0 {
             continue;
