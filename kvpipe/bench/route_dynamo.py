@@ -61,7 +61,7 @@ def back_to_back(tree: Any, cases: list[tuple[list[Any], dict[str, Callable[[], 
     full-attention hashes, in a loop of their own once the tree's thread settled, then each of our calls.
 
     Why: `find_matches` is a round trip to the tree's own thread. In the main loop, where each lookup follows
-    milliseconds of other work, a lookup took 120-270 µs; in a loop of lookups alone, after a phase with short pauses
+    milliseconds of other work, a lookup took 120-300 µs; in a loop of lookups alone, after a phase with short pauses
     between them, 15-23 µs at 288 k entries and 31-45 µs at 1.58 M (right after loading, hundreds of back-to-back
     lookups stayed near 100 µs until such a pause; with our calls between its lookups it fell back to that). The
     settled loop is Dynamo at its best, the steady state of a busy router: the unfavourable comparison for us,
@@ -81,7 +81,7 @@ def back_to_back(tree: Any, cases: list[tuple[list[Any], dict[str, Callable[[], 
         t = time.perf_counter()
         tree.find_matches(seq).scores
         times["dynamo"].append(time.perf_counter() - t)
-    time.sleep(0.2)  # the tree's thread parked again before ours are timed (it spins a while after a busy loop)
+    time.sleep(0.2)  # the tree's thread idle again before ours are timed (the process used up to 1.2 cores in its loop)
     for _, ours in cases:
         for name, call in ours.items():
             call()
