@@ -26,6 +26,12 @@ _local_decoder = msgspec.json.Decoder(LocalRouteAnswer)
 _answer_fields = RouteAnswer.__struct_fields__
 
 
+# msgspec leaves a float field out at its default only when it is the default's own object: a reported 0.0 (a new
+# float) would be written as `"kv_usage": 0.0` where a node that reported nothing shows no field, and the native
+# route path writes neither
+_UNUSED = Load().kv_usage
+
+
 class NodeLoads(Mapping[str, Load]):
     """Each node's latest reported load, read from the index when a row asks for it (a route
     touches the rows it builds, not every node); nodes that never reported have none: zero load."""
@@ -49,7 +55,7 @@ class NodeLoads(Mapping[str, Load]):
         if node is None or node.load is None:
             return default
         running, waiting, kv_usage = node.load
-        return Load(running or 0, waiting or 0, kv_usage or 0.0)
+        return Load(running or 0, waiting or 0, kv_usage or _UNUSED)
 
     def __iter__(self) -> Iterator[str]:
         return (n for n, node in self._nodes.items() if node.load is not None)
