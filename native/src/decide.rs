@@ -27,7 +27,7 @@ use crate::ask::{Ask, Prompt, Request};
 use crate::hashmemo::{self, HashMemo};
 use crate::hit::Layout;
 use crate::pystore::{read, Shared};
-use crate::route::{self, Members, ModelArgs, NodeOut};
+use crate::route::{self, Members, ModelArgs, NodeOut, Prune};
 
 /// One hash configuration the plan's nodes use (vLLM's default sha256 chain).
 pub struct Config {
@@ -249,6 +249,66 @@ fn before(a: &Row, b: &Row, plan: &Plan) -> bool {
         .is_some_and(|o| o == std::cmp::Ordering::Less)
 }
 
+/// The rank a decision's shown rows reach: the `k` best (tier, score) among the nodes worked out
+/// with a hit, best first. A member is left out when even its bound cannot beat the `k`-th: it
+/// would rank below `k` rows with a hit, so it is neither the chosen row nor shown (and those rows'
+/// positive scores keep every node holding nothing out, as they would have).
+struct Bar {
+    k: usize,
+    best: Vec<(u8, f64)>,
+}
+
+/// `Bar` for one cohort's members.
+struct CohortBar<'a> {
+    bar: &'a mut Bar,
+    cohort: &'a CohortPlan,
+    live: &'a [Live],
+    now: f64,
+    stale: Option<&'a (f64, String)>,
+    cap: f64,
+}
+
+impl CohortBar<'_> {
+    fn rank(&self, member: usize, gpu: i64, loadable: i64) -> (u8, f64) {
+        let l = &self.live[self.cohort.nodes[member]];
+        (
+            tier(l, self.now, self.stale),
+            score(gpu, loadable, self.cap, l),
+        )
+    }
+}
+
+impl Prune for CohortBar<'_> {
+    fn skip(&mut self, member: usize, gpu: i64, any: i64) -> bool {
+        let Some(&(t, s)) = self.bar.best.get(self.bar.k - 1) else {
+            return false;
+        };
+        // the best the member could do: both bounds reached (the score grows with each)
+        let gpu = gpu.min(any);
+        let (mt, ms) = self.rank(member, gpu, any - gpu);
+        t < mt || (t == mt && s > ms)
+    }
+
+    fn seen(&mut self, node: &NodeOut) {
+        let loadable = node.any_tokens - node.gpu_tokens;
+        if node.gpu_tokens <= 0 && loadable <= 0 {
+            return;
+        }
+        let r = self.rank(node.member, node.gpu_tokens, loadable);
+        let best = &mut self.bar.best;
+        let at = best.partition_point(|&(t, s)| t < r.0 || (t == r.0 && s >= r.1));
+        if at < self.bar.k {
+            best.insert(at, r);
+            best.truncate(self.bar.k);
+        }
+    }
+}
+
+/// A row's score (`processors/router/rows.py: score` with the default weights, nothing in flight).
+fn score(gpu: i64, loadable: i64, cap: f64, l: &Live) -> f64 {
+    round9(OVERLAP_W * (gpu as f64 + CPU_W * loadable as f64) / cap - l.penalty)
+}
+
 fn decide(
     plan: &Plan,
     live: &[Live],
@@ -296,6 +356,13 @@ fn decide(
     let t_search = Instant::now();
     let mut rows: Vec<Row> = Vec::new();
     let mut touched_sets: Vec<Vec<bool>> = Vec::with_capacity(plan.cohorts.len());
+    // Only the best `top_k` rows are shown: members whose hit is bounded below the bar are left
+    // out (`Bar`), their bound kept for the memo's held prefix
+    let mut bar = top_k.filter(|&k| k >= 1).map(|k| Bar {
+        k: k as usize,
+        best: Vec::new(),
+    });
+    let mut held_bound = vec![0i64; plan.configs.len()];
     {
         let st = read(store);
         for c in &plan.cohorts {
@@ -323,6 +390,14 @@ fn decide(
                         .unwrap_or(0),
                 })
                 .collect();
+            let mut cut = bar.as_mut().map(|bar| CohortBar {
+                bar,
+                cohort: c,
+                live,
+                now,
+                stale: plan.stale_after.as_ref(),
+                cap,
+            });
             let out = route::route_cohort(
                 &st,
                 &plan.layouts,
@@ -331,8 +406,13 @@ fn decide(
                 &models,
                 &plan.media_rank,
                 ask.prefixes,
+                cut.as_mut().map(|p| p as &mut dyn Prune),
             )
             .ok()?;
+            let route::CohortOut {
+                nodes: out,
+                skipped,
+            } = out;
             // a medium opened since the plan was exported has no name here yet: Python answers
             let named = (1u64 << plan.media.len().min(route::MEDIA_BITS as usize)) - 1;
             let unnamed = |g: &route::GroupOut| {
@@ -345,14 +425,16 @@ fn decide(
                 return None;
             }
             let mut touched = vec![false; c.nodes.len()];
+            for &(m, bound) in &skipped {
+                touched[m] = true;
+                held_bound[c.config] = held_bound[c.config].max(bound);
+            }
             for n in out {
                 touched[n.member] = true;
                 let node = c.nodes[n.member];
                 let l = &live[node];
                 let loadable = n.any_tokens - n.gpu_tokens;
-                let score = round9(
-                    OVERLAP_W * (n.gpu_tokens as f64 + CPU_W * loadable as f64) / cap - l.penalty,
-                );
+                let score = score(n.gpu_tokens, loadable, cap, l);
                 rows.push(Row {
                     tier: tier(l, now, plan.stale_after.as_ref()),
                     score,
@@ -417,7 +499,7 @@ fn decide(
     let search_s = t_search.elapsed().as_secs_f64();
     if let Prompt::Tokens(tokens) = prompt {
         // the longest prefix a node holds, per configuration: those units are worth remembering
-        let mut held = vec![0i64; plan.configs.len()];
+        let mut held = held_bound;
         for r in &rows {
             if let Some(n) = &r.out {
                 let h = &mut held[r.cohort.config];

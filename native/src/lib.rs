@@ -38,6 +38,7 @@ pub mod decide;
 pub mod envelope;
 pub mod hashmemo;
 pub mod hit;
+mod memberhit;
 pub mod route;
 pub mod serve;
 pub mod snapshot;

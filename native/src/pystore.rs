@@ -312,9 +312,11 @@ impl IndexStore {
             &models,
             &media_rank,
             prefixes,
+            None,
         )
         .map_err(err)?;
         Ok(out
+            .nodes
             .into_iter()
             .map(|n| {
                 let groups = n

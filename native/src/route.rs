@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use foldhash::fast::RandomState;
 use hashbrown::HashMap;
 
-use crate::hit::{find_hit, Held, Kind, Layout};
+use crate::hit::Layout;
+use crate::memberhit::{Scratch, Sets};
 use crate::store::Store;
 
 /// Media in answers: a mask with bit `id` for a slot's medium id (ids below `MEDIA_BITS`), and
@@ -147,19 +148,6 @@ pub struct GroupOut {
     pub prefix: Option<(Vec<(i64, usize)>, usize)>,
 }
 
-/// How many positions from 0 are set in a row.
-fn leading_ones(bits: &[u64]) -> usize {
-    let mut n = 0;
-    for &w in bits {
-        let run = w.trailing_ones() as usize;
-        n += run;
-        if run < 64 {
-            break;
-        }
-    }
-    n
-}
-
 pub struct NodeOut {
     pub member: usize,
     pub gpu_tokens: i64,
@@ -167,93 +155,30 @@ pub struct NodeOut {
     pub groups: Vec<GroupOut>,
 }
 
-/// `w` set to `words` words with bits `start..end` on (a word at a time).
-fn range_bits(w: &mut Vec<u64>, words: usize, start: usize, end: usize) {
-    w.clear();
-    w.resize(words, 0);
-    let mut i = start;
-    while i < end {
-        let shift = i & 63;
-        let n = (64 - shift).min(end - i);
-        let mask = if n == 64 {
-            u64::MAX
-        } else {
-            ((1u64 << n) - 1) << shift
-        };
-        w[i >> 6] |= mask;
-        i += n;
-    }
+/// A cohort search's answer: the nodes holding anything, in member order, except those a `Prune`
+/// left out, listed apart with the bound their hit on any medium stays under.
+pub struct CohortOut {
+    pub nodes: Vec<NodeOut>,
+    pub skipped: Vec<(usize, i64)>,
 }
 
-fn ones(bits: &[u64]) -> usize {
-    bits.iter().map(|w| w.count_ones() as usize).sum()
-}
-
-/// The hybrid hit of `layout` on per-group bitsets (each spec group: the intersection of its
-/// members' sets over the shortest list), as (hit tokens, per group (start, end)).
-fn hit_on(
-    layout: &Layout,
-    sets: &[Vec<u64>],
-    lens: &[usize],
-    cap: i64,
-    num_hashed: i64,
-) -> (i64, Vec<(usize, usize)>) {
-    // a spec group of one member reads that member's set as it is (bits past its length are
-    // never set); several members' sets are intersected over the shortest list
-    let mut words: Vec<Vec<u64>> = Vec::new();
-    let mut at: Vec<Option<usize>> = Vec::with_capacity(layout.spec_groups.len());
-    for sg in &layout.spec_groups {
-        if sg.members.len() == 1 {
-            at.push(None);
-            continue;
-        }
-        let len = sg.members.iter().map(|&m| lens[m]).min().unwrap_or(0);
-        let n = len.div_ceil(64).max(1);
-        let mut w = vec![u64::MAX; n];
-        for &m in &sg.members {
-            w.iter_mut().zip(&sets[m]).for_each(|(a, b)| *a &= b);
-        }
-        // bits at or past `len` are never probed by the finders; clear them all the same
-        if len % 64 != 0 {
-            w[n - 1] &= (1u64 << (len % 64)) - 1;
-        } else if len == 0 {
-            w[0] = 0;
-        }
-        at.push(Some(words.len()));
-        words.push(w);
-    }
-    let held: Vec<Held> = layout
-        .spec_groups
-        .iter()
-        .zip(&at)
-        .map(|(sg, a)| match a {
-            None => Held {
-                bits: &sets[sg.members[0]],
-                len: lens[sg.members[0]],
-            },
-            Some(i) => Held {
-                bits: &words[*i],
-                len: sg.members.iter().map(|&m| lens[m]).min().unwrap_or(0),
-            },
-        })
-        .collect();
-    let (found, hit) = find_hit(layout, &held, cap, num_hashed);
-    let mut spans = vec![(0usize, 0usize); layout.groups];
-    for (sg, f) in layout.spec_groups.iter().zip(found) {
-        for &m in &sg.members {
-            spans[m] = (f.start, f.end);
-        }
-    }
-    (hit, spans)
+/// Lets a caller that shows only the best few nodes leave out members that cannot be among them:
+/// asked once per member holding anything, the highest bounds first, with bounds on the member's
+/// hit in tokens on GPU and on any medium; told every member worked out.
+pub trait Prune {
+    fn skip(&mut self, member: usize, gpu: i64, any: i64) -> bool;
+    fn seen(&mut self, node: &NodeOut);
 }
 
 /// `lists[k]` is group k's (group id, keys) in the layouts' group order; `media_rank[id]` orders
 /// the non-GPU media (the router lists them by name); `prefixes` adds each group's longest held
-/// prefixes (the prefix-per-group semantics). Returns the nodes holding anything, in member order.
+/// prefixes (the prefix-per-group semantics); `prune`, where given, may leave members out.
 ///
 /// One pass over the (position, holding slot) pairs sets bits in one flat array: per member, per
 /// medium class, per group, a bitset over the group's positions. The slot → (member, class) map is
 /// kept with the member table, so a pair costs an array read and an OR.
+// the request's parts and the caller's hook, each a plain argument: both callers pass them straight through
+#[allow(clippy::too_many_arguments)]
 pub fn route_cohort(
     store: &Store,
     layouts: &[Layout],
@@ -262,7 +187,8 @@ pub fn route_cohort(
     models: &[ModelArgs],
     media_rank: &[u32],
     prefixes: bool,
-) -> Result<Vec<NodeOut>, String> {
+    prune: Option<&mut dyn Prune>,
+) -> Result<CohortOut, String> {
     let groups = lists.len();
     if members.models.iter().any(|&m| m as usize >= models.len()) {
         return Err("a member's model index past the models given".into());
@@ -340,112 +266,67 @@ pub fn route_cohort(
             .copied()
             .unwrap_or(u32::MAX)
     });
-    let mut any: Vec<Vec<u64>> = words.iter().map(|&n| vec![0; n]).collect();
-    let mut gpu: Vec<Vec<u64>> = words.iter().map(|&n| vec![0; n]).collect();
-    let mut left: Vec<u64> = Vec::new();
-    let mut out = Vec::new();
+    let mut members_touched: Vec<usize> = Vec::new();
     for (tw, &word) in touched.iter().enumerate() {
         let mut word = word;
         while word != 0 {
-            let mi = tw * 64 + word.trailing_zeros() as usize;
+            members_touched.push(tw * 64 + word.trailing_zeros() as usize);
             word &= word - 1;
-            let at = |c: usize, k: usize| -> &[u64] {
-                let s = (mi * classes + c) * per + off[k];
-                &bits[s..s + words[k]]
-            };
-            let mut off_gpu = false;
-            for k in 0..groups {
-                gpu[k].copy_from_slice(at(0, k));
-                any[k].copy_from_slice(at(0, k));
-                for c in 1..classes {
-                    for (a, b) in any[k].iter_mut().zip(at(c, k)) {
-                        off_gpu |= *b != 0;
-                        *a |= b;
-                    }
-                }
-            }
-            let m = &models[members.models[mi] as usize];
-            let layout = &layouts[m.layout];
-            let has_full = layout.spec_groups.iter().any(|sg| sg.kind == Kind::Full);
-            let (any_tokens, any_spans) = hit_on(layout, &any, &lens, m.cap, m.num_hashed);
-            // one search when the node holds nothing off GPU (the sets are equal); none when it
-            // holds nothing on GPU and the layout has full attention (its hit needs every block up
-            // to the hit: none held, no hit); the GPU spans are then never read
-            let (gpu_tokens, gpu_spans) = if !off_gpu {
-                (any_tokens, any_spans.clone())
-            } else if has_full && gpu.iter().all(|w| w.iter().all(|&x| x == 0)) {
-                (0, Vec::new())
-            } else {
-                hit_on(layout, &gpu, &lens, m.cap, m.num_hashed)
-            };
-            let mut per_group = Vec::with_capacity(groups);
-            for k in 0..groups {
-                let (s, e) = if any_tokens != 0 {
-                    any_spans[k]
-                } else {
-                    (0, 0)
-                };
-                let gpu_blocks = if gpu_tokens != 0 {
-                    gpu_spans[k].1 - gpu_spans[k].0.min(gpu_spans[k].1)
-                } else {
-                    0
-                };
-                let used = e.saturating_sub(s);
-                let mut media = 0u64;
-                if used > 0 {
-                    // each used block's medium: GPU if there, else the first other medium (by
-                    // rank) holding it, else unknown
-                    range_bits(&mut left, words[k], s, e);
-                    left.iter_mut().zip(&gpu[k]).for_each(|(a, b)| *a &= !b);
-                    let mut n_left = ones(&left);
-                    if n_left < used {
-                        media |= GPU_BIT;
-                    }
-                    for &c in &order {
-                        if n_left == 0 {
-                            break;
-                        }
-                        let held = at(c, k);
-                        let found: usize = left
-                            .iter()
-                            .zip(held)
-                            .map(|(a, b)| (a & b).count_ones() as usize)
-                            .sum();
-                        if found > 0 {
-                            media |= 1 << map.media[c - 1];
-                            left.iter_mut().zip(held).for_each(|(a, b)| *a &= !b);
-                            n_left -= found;
-                        }
-                    }
-                    if n_left > 0 {
-                        media |= UNKNOWN_BIT;
-                    }
-                }
-                let prefix = prefixes.then(|| {
-                    let per = (0..classes)
-                        .filter(|&c| at(c, k).iter().any(|&w| w != 0))
-                        .map(|c| {
-                            let id = if c == 0 { -1 } else { map.media[c - 1] as i64 };
-                            (id, leading_ones(at(c, k)))
-                        })
-                        .collect();
-                    (per, leading_ones(&any[k]))
-                });
-                per_group.push(GroupOut {
-                    gpu_blocks,
-                    blocks: used,
-                    media,
-                    prefix,
-                });
-            }
-            out.push(NodeOut {
-                member: mi,
-                gpu_tokens,
-                any_tokens,
-                groups: per_group,
-            });
         }
     }
+    let (nodes, skipped) = {
+        let sets = Sets {
+            bits,
+            classes,
+            per,
+            off: &off,
+            words: &words,
+            lens: &lens,
+            media: &map.media,
+            order: &order,
+        };
+        let model = |mi: usize| &models[members.models[mi] as usize];
+        let mut scratch = Scratch::new(&words);
+        let mut nodes = Vec::with_capacity(members_touched.len());
+        let mut skipped = Vec::new();
+        match prune {
+            None => {
+                for &mi in &members_touched {
+                    let m = model(mi);
+                    nodes.push(sets.node(mi, m, &layouts[m.layout], prefixes, &mut scratch));
+                }
+            }
+            Some(prune) => {
+                // the highest bounds first (ties in member order), so the bar rises early
+                let mut by_bound: Vec<((i64, i64), usize)> = members_touched
+                    .iter()
+                    .map(|&mi| {
+                        (
+                            sets.bounds(mi, &layouts[model(mi).layout], model(mi).cap),
+                            mi,
+                        )
+                    })
+                    .collect();
+                by_bound.sort_unstable_by(|a, b| {
+                    (b.0 .0 + b.0 .1)
+                        .cmp(&(a.0 .0 + a.0 .1))
+                        .then(a.1.cmp(&b.1))
+                });
+                for ((gpu, any), mi) in by_bound {
+                    if prune.skip(mi, gpu, any) {
+                        skipped.push((mi, any));
+                        continue;
+                    }
+                    let m = model(mi);
+                    let n = sets.node(mi, m, &layouts[m.layout], prefixes, &mut scratch);
+                    prune.seen(&n);
+                    nodes.push(n);
+                }
+                nodes.sort_unstable_by_key(|n| n.member);
+            }
+        }
+        (nodes, skipped)
+    };
     // zero again what this call set (only touched members have bits), for the next call
     for (tw, &word) in touched.iter().enumerate() {
         let mut word = word;
@@ -459,7 +340,7 @@ pub fn route_cohort(
     if pool.len() < SCRATCH_KEPT {
         pool.push(own);
     }
-    Ok(out)
+    Ok(CohortOut { nodes, skipped })
 }
 
 /// Zeroed buffers a member table keeps: one per route thread that may search its cohort at once.

@@ -1,0 +1,290 @@
+//! One member's answer from the bitsets a cohort search filled (`route::route_cohort`): its hybrid
+//! hit on GPU and on any medium, per group the blocks used and the media they sit on, and with the
+//! prefix-per-group semantics each medium's longest held prefix. Also a cheap bound on the hit, so
+//! a decision asking for the best few nodes can leave out the members that cannot be among them.
+
+use crate::hit::{find_hit, Held, Kind, Layout};
+use crate::route::{GroupOut, ModelArgs, NodeOut, GPU_BIT, UNKNOWN_BIT};
+
+/// The filled bitsets of one search: group k's set of (member m, class c) at
+/// `((m * classes + c) * per) + off[k]`, `words[k]` words over `lens[k]` positions; class 0 is
+/// GPU, class c ≥ 1 the medium `media[c - 1]`, `order` the non-GPU classes by the router's rank.
+pub(crate) struct Sets<'a> {
+    pub bits: &'a [u64],
+    pub classes: usize,
+    pub per: usize,
+    pub off: &'a [usize],
+    pub words: &'a [usize],
+    pub lens: &'a [usize],
+    pub media: &'a [u16],
+    pub order: &'a [usize],
+}
+
+/// Buffers reused from member to member of one search.
+pub(crate) struct Scratch {
+    any: Vec<Vec<u64>>,
+    gpu: Vec<Vec<u64>>,
+    left: Vec<u64>,
+}
+
+impl Scratch {
+    pub fn new(words: &[usize]) -> Self {
+        Scratch {
+            any: words.iter().map(|&n| vec![0; n]).collect(),
+            gpu: words.iter().map(|&n| vec![0; n]).collect(),
+            left: Vec::new(),
+        }
+    }
+}
+
+impl Sets<'_> {
+    #[inline]
+    fn at(&self, mi: usize, c: usize, k: usize) -> &[u64] {
+        let s = (mi * self.classes + c) * self.per + self.off[k];
+        &self.bits[s..s + self.words[k]]
+    }
+
+    /// Bounds on member `mi`'s hit in tokens (`hit::find_hit` never ends a hit past what a group
+    /// holds), on GPU and on any medium: `cap`, the held prefix of each full-attention group
+    /// listed per block, and below the last block a sliding-window, Mamba or fine-grained
+    /// full-attention group holds, the end of that block (every such finder ends its hit on a
+    /// held entry). Chunked local attention can hit past its last held block: no bound from it.
+    pub fn bounds(&self, mi: usize, layout: &Layout, cap: i64) -> (i64, i64) {
+        let gpu = self.bound(mi, layout, cap, 1);
+        (gpu, self.bound(mi, layout, cap, self.classes))
+    }
+
+    /// A bound on the hit of member `mi`'s blocks in classes `0..classes`.
+    fn bound(&self, mi: usize, layout: &Layout, cap: i64, classes: usize) -> i64 {
+        let mut ub = cap;
+        for sg in &layout.spec_groups {
+            let fine = matches!(sg.kind, Kind::Full | Kind::Mamba)
+                && layout.alignment < sg.block_size
+                && sg.block_size % layout.alignment == 0;
+            let unit = if fine {
+                layout.alignment
+            } else {
+                sg.block_size
+            };
+            for &k in &sg.members {
+                let held = |w: usize| (0..classes).fold(0u64, |a, c| a | self.at(mi, c, k)[w]);
+                let ends = match sg.kind {
+                    Kind::Chunked { .. } => continue,
+                    Kind::Full if !fine => {
+                        let mut lead = 0usize;
+                        for w in 0..self.words[k] {
+                            let word = held(w);
+                            lead += word.trailing_ones() as usize;
+                            if word != u64::MAX {
+                                break;
+                            }
+                        }
+                        lead
+                    }
+                    _ => (0..self.words[k])
+                        .rev()
+                        .map(|w| (w, held(w)))
+                        .find(|&(_, word)| word != 0)
+                        .map_or(0, |(w, word)| w * 64 + 64 - word.leading_zeros() as usize),
+                };
+                ub = ub.min(ends.min(self.lens[k]) as i64 * unit);
+            }
+        }
+        ub
+    }
+
+    /// Member `mi`'s answer.
+    pub fn node(
+        &self,
+        mi: usize,
+        model: &ModelArgs,
+        layout: &Layout,
+        prefixes: bool,
+        s: &mut Scratch,
+    ) -> NodeOut {
+        let groups = self.lens.len();
+        let Scratch { any, gpu, left } = s;
+        let mut off_gpu = false;
+        for k in 0..groups {
+            gpu[k].copy_from_slice(self.at(mi, 0, k));
+            any[k].copy_from_slice(self.at(mi, 0, k));
+            for c in 1..self.classes {
+                for (a, b) in any[k].iter_mut().zip(self.at(mi, c, k)) {
+                    off_gpu |= *b != 0;
+                    *a |= b;
+                }
+            }
+        }
+        let has_full = layout.spec_groups.iter().any(|sg| sg.kind == Kind::Full);
+        let (any_tokens, any_spans) = hit_on(layout, any, self.lens, model.cap, model.num_hashed);
+        // one search when the node holds nothing off GPU (the sets are equal); none when it
+        // holds nothing on GPU and the layout has full attention (its hit needs every block up
+        // to the hit: none held, no hit); the GPU spans are then never read
+        let (gpu_tokens, gpu_spans) = if !off_gpu {
+            (any_tokens, any_spans.clone())
+        } else if has_full && gpu.iter().all(|w| w.iter().all(|&x| x == 0)) {
+            (0, Vec::new())
+        } else {
+            hit_on(layout, gpu, self.lens, model.cap, model.num_hashed)
+        };
+        let mut per_group = Vec::with_capacity(groups);
+        for k in 0..groups {
+            let (s, e) = if any_tokens != 0 {
+                any_spans[k]
+            } else {
+                (0, 0)
+            };
+            let gpu_blocks = if gpu_tokens != 0 {
+                gpu_spans[k].1 - gpu_spans[k].0.min(gpu_spans[k].1)
+            } else {
+                0
+            };
+            let used = e.saturating_sub(s);
+            let mut media = 0u64;
+            if used > 0 {
+                // each used block's medium: GPU if there, else the first other medium (by
+                // rank) holding it, else unknown
+                range_bits(left, self.words[k], s, e);
+                left.iter_mut().zip(&gpu[k]).for_each(|(a, b)| *a &= !b);
+                let mut n_left = ones(left);
+                if n_left < used {
+                    media |= GPU_BIT;
+                }
+                for &c in self.order {
+                    if n_left == 0 {
+                        break;
+                    }
+                    let held = self.at(mi, c, k);
+                    let found: usize = left
+                        .iter()
+                        .zip(held)
+                        .map(|(a, b)| (a & b).count_ones() as usize)
+                        .sum();
+                    if found > 0 {
+                        media |= 1 << self.media[c - 1];
+                        left.iter_mut().zip(held).for_each(|(a, b)| *a &= !b);
+                        n_left -= found;
+                    }
+                }
+                if n_left > 0 {
+                    media |= UNKNOWN_BIT;
+                }
+            }
+            let prefix = prefixes.then(|| {
+                let per = (0..self.classes)
+                    .filter(|&c| self.at(mi, c, k).iter().any(|&w| w != 0))
+                    .map(|c| {
+                        let id = if c == 0 { -1 } else { self.media[c - 1] as i64 };
+                        (id, leading_ones(self.at(mi, c, k)))
+                    })
+                    .collect();
+                (per, leading_ones(&any[k]))
+            });
+            per_group.push(GroupOut {
+                gpu_blocks,
+                blocks: used,
+                media,
+                prefix,
+            });
+        }
+        NodeOut {
+            member: mi,
+            gpu_tokens,
+            any_tokens,
+            groups: per_group,
+        }
+    }
+}
+
+/// How many positions from 0 are set in a row.
+fn leading_ones(bits: &[u64]) -> usize {
+    let mut n = 0;
+    for &w in bits {
+        let run = w.trailing_ones() as usize;
+        n += run;
+        if run < 64 {
+            break;
+        }
+    }
+    n
+}
+
+/// `w` set to `words` words with bits `start..end` on (a word at a time).
+fn range_bits(w: &mut Vec<u64>, words: usize, start: usize, end: usize) {
+    w.clear();
+    w.resize(words, 0);
+    let mut i = start;
+    while i < end {
+        let shift = i & 63;
+        let n = (64 - shift).min(end - i);
+        let mask = if n == 64 {
+            u64::MAX
+        } else {
+            ((1u64 << n) - 1) << shift
+        };
+        w[i >> 6] |= mask;
+        i += n;
+    }
+}
+
+fn ones(bits: &[u64]) -> usize {
+    bits.iter().map(|w| w.count_ones() as usize).sum()
+}
+
+/// The hybrid hit of `layout` on per-group bitsets (each spec group: the intersection of its
+/// members' sets over the shortest list), as (hit tokens, per group (start, end)).
+fn hit_on(
+    layout: &Layout,
+    sets: &[Vec<u64>],
+    lens: &[usize],
+    cap: i64,
+    num_hashed: i64,
+) -> (i64, Vec<(usize, usize)>) {
+    // a spec group of one member reads that member's set as it is (bits past its length are
+    // never set); several members' sets are intersected over the shortest list
+    let mut words: Vec<Vec<u64>> = Vec::new();
+    let mut at: Vec<Option<usize>> = Vec::with_capacity(layout.spec_groups.len());
+    for sg in &layout.spec_groups {
+        if sg.members.len() == 1 {
+            at.push(None);
+            continue;
+        }
+        let len = sg.members.iter().map(|&m| lens[m]).min().unwrap_or(0);
+        let n = len.div_ceil(64).max(1);
+        let mut w = vec![u64::MAX; n];
+        for &m in &sg.members {
+            w.iter_mut().zip(&sets[m]).for_each(|(a, b)| *a &= b);
+        }
+        // bits at or past `len` are never probed by the finders; clear them all the same
+        if len % 64 != 0 {
+            w[n - 1] &= (1u64 << (len % 64)) - 1;
+        } else if len == 0 {
+            w[0] = 0;
+        }
+        at.push(Some(words.len()));
+        words.push(w);
+    }
+    let held: Vec<Held> = layout
+        .spec_groups
+        .iter()
+        .zip(&at)
+        .map(|(sg, a)| match a {
+            None => Held {
+                bits: &sets[sg.members[0]],
+                len: lens[sg.members[0]],
+            },
+            Some(i) => Held {
+                bits: &words[*i],
+                len: sg.members.iter().map(|&m| lens[m]).min().unwrap_or(0),
+            },
+        })
+        .collect();
+    let (found, hit) = find_hit(layout, &held, cap, num_hashed);
+    let mut spans = vec![(0usize, 0usize); layout.groups];
+    for (sg, f) in layout.spec_groups.iter().zip(found) {
+        for &m in &sg.members {
+            spans[m] = (f.start, f.end);
+        }
+    }
+    (hit, spans)
+}
