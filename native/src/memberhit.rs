@@ -50,13 +50,15 @@ impl Sets<'_> {
     /// full-attention group holds, the end of that block (every such finder ends its hit on a
     /// held entry). Chunked local attention can hit past its last held block: no bound from it.
     pub fn bounds(&self, mi: usize, layout: &Layout, cap: i64) -> (i64, i64) {
-        let gpu = self.bound(mi, layout, cap, 1);
-        (gpu, self.bound(mi, layout, cap, self.classes))
-    }
-
-    /// A bound on the hit of member `mi`'s blocks in classes `0..classes`.
-    fn bound(&self, mi: usize, layout: &Layout, cap: i64, classes: usize) -> i64 {
-        let mut ub = cap;
+        let (classes, per) = (self.classes, self.per);
+        let row = &self.bits[mi * classes * per..(mi + 1) * classes * per];
+        // group k's word w: on GPU, and on any medium
+        let word = |k: usize, w: usize| {
+            let at = self.off[k] + w;
+            let gpu = row[at];
+            (gpu, (1..classes).fold(gpu, |a, c| a | row[c * per + at]))
+        };
+        let (mut gpu_ub, mut any_ub) = (cap, cap);
         for sg in &layout.spec_groups {
             let fine = matches!(sg.kind, Kind::Full | Kind::Mamba)
                 && layout.alignment < sg.block_size
@@ -67,30 +69,50 @@ impl Sets<'_> {
                 sg.block_size
             };
             for &k in &sg.members {
-                let held = |w: usize| (0..classes).fold(0u64, |a, c| a | self.at(mi, c, k)[w]);
-                let ends = match sg.kind {
+                let (gpu, any) = match sg.kind {
                     Kind::Chunked { .. } => continue,
                     Kind::Full if !fine => {
-                        let mut lead = 0usize;
+                        // the held prefixes: leading ones
+                        let (mut lead, mut gpu_open, mut any_open) = ((0, 0), true, true);
                         for w in 0..self.words[k] {
-                            let word = held(w);
-                            lead += word.trailing_ones() as usize;
-                            if word != u64::MAX {
+                            let (g, a) = word(k, w);
+                            if gpu_open {
+                                lead.0 += g.trailing_ones() as usize;
+                                gpu_open = g == u64::MAX;
+                            }
+                            lead.1 += a.trailing_ones() as usize;
+                            any_open = any_open && a == u64::MAX;
+                            if !any_open {
                                 break;
                             }
                         }
                         lead
                     }
-                    _ => (0..self.words[k])
-                        .rev()
-                        .map(|w| (w, held(w)))
-                        .find(|&(_, word)| word != 0)
-                        .map_or(0, |(w, word)| w * 64 + 64 - word.leading_zeros() as usize),
+                    _ => {
+                        // past the last held entry: from the top word down
+                        let (mut gpu, mut any) = (None, None);
+                        for w in (0..self.words[k]).rev() {
+                            let (g, a) = word(k, w);
+                            let end = |x: u64| w * 64 + 64 - x.leading_zeros() as usize;
+                            if gpu.is_none() && g != 0 {
+                                gpu = Some(end(g));
+                            }
+                            if any.is_none() && a != 0 {
+                                any = Some(end(a));
+                            }
+                            if gpu.is_some() {
+                                break; // any is set too: a GPU bit is a bit on any medium
+                            }
+                        }
+                        (gpu.unwrap_or(0), any.unwrap_or(0))
+                    }
                 };
-                ub = ub.min(ends.min(self.lens[k]) as i64 * unit);
+                let tokens = |n: usize| n.min(self.lens[k]) as i64 * unit;
+                gpu_ub = gpu_ub.min(tokens(gpu));
+                any_ub = any_ub.min(tokens(any));
             }
         }
-        ub
+        (gpu_ub, any_ub)
     }
 
     /// Member `mi`'s answer.
