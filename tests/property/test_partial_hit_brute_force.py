@@ -13,9 +13,15 @@ A length L (a multiple of A) is accepted by a group when:
                    and `limit` is what the full-attention groups before it left of `max` (a whole
                    block past that limit does not count: its interior needs partial entries);
   Mamba            L == 0 or unit L / A - 1 cached (a state exactly at L);
-  sliding window   the `need` blocks before L cached (all of them when L is shorter); with EAGLE
-                   one more block after L is cached too and L + A <= hashed.
-The hit is the largest L <= max every group accepts (merged equal specs: the intersection).
+  sliding window   the `need` blocks before L cached (all of them when L is shorter); with EAGLE's
+                   drop one more block after L is cached too and L + A <= hashed.
+The hit is where vLLM's coordinator loop settles over those rules (merged equal specs: the intersection): from
+`max`, each group in turn (full attention first) takes the largest L up to the current length that it accepts,
+until a pass changes nothing (one pass when a full-attention group has one other group beside it). An EAGLE group
+applies its drop once, then looks up without it until a group looked up without a drop shrinks the length
+(vLLM's `eagle_verified`). So the hit need not be a length every EAGLE group accepts with its drop: one verified
+at a longer length keeps a shorter one that its drop would refuse. Apart from that, the hit is the largest L <= max
+every group accepts.
 """
 from __future__ import annotations
 
@@ -72,11 +78,29 @@ def accepts(spec: KVSpec, eagle: bool, cached: set[int], length: int, hashed: in
 
 
 def brute_force(specs, eagle, cached, max_length, hashed) -> int:
+    """The coordinator's loop (module doc), each group's finder a scan of every length from the top."""
     full = full_limits(specs, eagle, cached, max_length, hashed)
-    for length in range(max_length // A * A, -1, -A):
-        if all(accepts(s, e, c, length, hashed, full) for s, e, c in zip(specs, eagle, cached)):
-            return length
-    return 0
+    groups = {}  # spec -> (eagle, cached), in order: full attention first
+    for s, e, c in sorted(zip(specs, eagle, cached), key=lambda t: not isinstance(t[0], FullAttention)):
+        groups.setdefault(s, (e, c))
+    simple = len(groups) == 2 and isinstance(next(iter(groups)), FullAttention)
+    hit, verified = max_length, set()
+    while True:
+        cur = hit
+        for s, (e, c) in groups.items():
+            if isinstance(s, FullAttention):
+                cur = min(cur, full[s])  # looked up once (full_limits), then clamped
+                continue
+            drop = e and s not in verified
+            new = next(n for n in range(cur // A * A, -1, -A) if accepts(s, drop, c, n, hashed, full))
+            if drop:
+                verified.add(s)
+            elif new < cur:
+                verified.clear()
+            cur = new
+        if cur >= hit or simple:
+            return min(cur, hit)
+        hit = cur
 
 
 other_spec = st.one_of(
@@ -105,7 +129,7 @@ def scenarios(draw):
 
 @settings(max_examples=500, deadline=None)
 @given(scenarios())
-def test_partial_hit_is_the_longest_length_every_group_accepts(scenario) -> None:
+def test_partial_hit_is_where_the_coordinator_loop_settles(scenario) -> None:
     specs, eagle, cached, num_units, max_length = scenario
     assert partial_hits_enabled(specs, A)
     fine = [f"u{j}".encode() for j in range(num_units)]
@@ -145,3 +169,19 @@ def test_the_gpu_coordinator_agrees_with_the_brute_force(scenario) -> None:
     for s, blks in zip(specs, blocks):
         if isinstance(s, FullAttention):
             assert len(blks) == cdiv(hit, s.block_size)
+
+
+def test_an_eagle_drop_verified_at_a_longer_length_is_not_checked_again() -> None:
+    """vLLM's `eagle_verified`: the window groups drop at 16 (the first finds 16, the second 8: its block 3 is
+    missing); at 8 the first window group looks up without its drop, so its missing block 2 (past 8) does not count,
+    and the hit stays 8 where every EAGLE drop at 8 would have given 4."""
+    specs = [Mamba(8), FullAttention(4), SlidingWindow(A, 3), SlidingWindow(A, 2)]
+    cached = [set(range(13)), set(range(13)), set(range(13)) - {2}, set(range(13)) - {3}]
+    fine = [f"u{j}".encode() for j in range(13)]
+    got = longest_hybrid_hit(specs, fine, A, [{fine[j] for j in c} for c in cached], 16, eagle_groups={2, 3})
+    assert got.length == 8
+    assert brute_force(specs, [False, False, True, True], cached, 16, 13 * A) == 8
+    # every EAGLE drop checked at each length instead: the first window group needs its block 2 at 8
+    full = full_limits(specs, [False, False, True, True], cached, 16, 13 * A)
+    assert max(n for n in range(0, 17, A) if all(accepts(s, e, c, n, 13 * A, full) for s, e, c in
+                                                   zip(specs, [False, False, True, True], cached))) == 4
