@@ -392,6 +392,74 @@ pub(crate) fn read(body: &[u8]) -> Option<Request> {
 mod tests {
     use super::*;
 
+    /// `key` against Rust's own u64 parse: every length from 1 to 22 digits, the edges of u64,
+    /// leading zeros, random u64s; each number followed by each kind of byte, at several distances
+    /// from the body's end.
+    #[test]
+    fn keys_read_as_u64_parse_reads_them() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut numbers: Vec<String> = [
+            "0",
+            "00",
+            "01",
+            "7",
+            "10",
+            "99999999",
+            "100000000",
+            "18446744073709551615",
+            "18446744073709551616",
+            "18446744073709551625",
+            "28446744073709551615",
+            "99999999999999999999",
+            "10000000000000000000",
+            "9999999999999999999",
+            "012345678901234567",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for len in 1..=22 {
+            for _ in 0..40 {
+                let mut n = ((next() % 9) + 1).to_string();
+                while n.len() < len {
+                    n.push((b'0' + (next() % 10) as u8) as char);
+                }
+                numbers.push(n);
+            }
+        }
+        for _ in 0..400 {
+            numbers.push(next().to_string()); // vLLM's hashes: any u64
+        }
+        for num in &numbers {
+            for tail in ["", ",", "]", " ", "x", ".5", "e3", "E3", ",123456789012"] {
+                for filler in 0..9 {
+                    let body = format!("{num}{tail}{}", "]".repeat(filler));
+                    let mut r = Reader {
+                        b: body.as_bytes(),
+                        i: 0,
+                    };
+                    let got = r.key();
+                    let fraction = tail.starts_with(['.', 'e', 'E']);
+                    let want = if fraction || (num.len() > 1 && num.starts_with('0')) {
+                        None
+                    } else {
+                        num.parse::<u64>().ok()
+                    };
+                    assert_eq!(got, want, "{body:?}");
+                    if got.is_some() {
+                        assert_eq!(r.i, num.len(), "{body:?}");
+                    }
+                }
+            }
+        }
+    }
+
     /// What serde reads, in a comparable form (None: serde refuses the body).
     fn serde_view(body: &[u8]) -> Option<String> {
         serde_json::from_slice::<Request>(body)
