@@ -19,8 +19,8 @@ min(2, connections)), each count twice:
   share of the maximum (`paced` in the output: the share reached and its freshness).
 Any request that errored (socket error, timeout, non-2xx) fails the run loudly, naming the step.
 
-Before the steps: a short unrecorded warm-up, and the idle freshness (no wrk, no ingest), the
-baseline freshness is compared with. Contract of `kvpipe.bench`: `value` = decisions/s at 32
+Before the steps: a short unrecorded warm-up (with `--ingest-warmup-s`, also that long with ingest), and the
+idle freshness (no wrk, no ingest), the baseline freshness is compared with. Contract of `kvpipe.bench`: `value` = decisions/s at 32
 connections without ingest, `baseline` = decisions/s at 1 connection (sequential on one keep-alive
 connection), `ratio` = their quotient (what concurrency buys); `freshness_p99_ms` (and p50) pools
 the probes of every step with ingest, `freshness_idle_ms` is its baseline. CPU: the processor's
@@ -615,14 +615,14 @@ class _Rig:
 
 
 def _step(rig: _Rig, connections: int, ingest: IngestSource | None, probes: ProbeSeries,
-          rate: float = 0.0) -> dict[str, Any]:
-    """One wrk run at `connections`, with or without the paced ingest and the probes beside it; `rate` > 0
-    holds wrk to that many requests a second."""
+          rate: float = 0.0, duration_s: float | None = None) -> dict[str, Any]:
+    """One wrk run at `connections` for `duration_s` (default `--duration-s`), with or without the paced ingest and
+    the probes beside it; `rate` > 0 holds wrk to that many requests a second."""
     from kvpipe.bench.ingest_load import paced_freshness, summary
 
     args, proc = rig.args, rig.proc
     name = f"{connections} connection(s), {'with' if ingest else 'without'} ingest"
-    duration = args.duration_s
+    duration = args.duration_s if duration_s is None else duration_s
     messages: list = []
     if ingest is not None:  # generated before the clock starts
         messages = ingest.take(max(1, round(args.ingest_rate * duration / args.ingest_events)))
@@ -786,6 +786,9 @@ def _connections_option(ctx: click.Context, param: click.Parameter, value: str) 
               help="share of bodies that are a whole document (the rest: a cached prefix plus fresh tokens)")
 @click.option("--warmup-s", type=click.FloatRange(0, 60), default=2.0, show_default=True,
               help="unrecorded wrk seconds (8 connections) before the steps")
+@click.option("--ingest-warmup-s", type=click.FloatRange(0, 300), default=0.0, show_default=True,
+              help="with ingest: unrecorded seconds of the ingest and wrk (the most connections) before the steps, "
+                   "for a broker started just before the run")
 @click.option("--nodes", type=click.IntRange(1), default=256, show_default=True, help="serving nodes of the fleet")
 @click.option("--documents", type=click.IntRange(1), default=64, show_default=True,
               help="shared prompts the nodes cache parts of")
@@ -888,6 +891,10 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
         rig.script.write_text(lua_script(str(tmp / "bodies.jsonl"), delay_ms=args.delay_ms))
         _warm(rig)
         probes = ProbeSeries(kafka_conf, topic, proc, route_url=url if route_port else None)
+        if ingest is not None and args.ingest_warmup_s > 0:
+            # unrecorded: a freshly started broker's JVM compiles its produce and fetch paths under the first
+            # load, and took ~0.3 cores more through the first steps with ingest after its start (BENCHMARKS.md)
+            _step(rig, max(args.connections), ingest, probes, duration_s=args.ingest_warmup_s)
         try:
             idle_probes = probes.open()
             idle = summary([idle_probes.once() for _ in range(args.probes)])
