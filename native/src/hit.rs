@@ -132,6 +132,9 @@ impl Held<'_> {
 }
 
 fn gcd(a: i64, b: i64) -> i64 {
+    if pow2(a) && pow2(b) {
+        return a.min(b);
+    }
     if b == 0 {
         a.abs()
     } else {
@@ -139,21 +142,44 @@ fn gcd(a: i64, b: i64) -> i64 {
     }
 }
 
+/// Whether `b` (> 0) is a power of two. Block sizes and alignments nearly always are, and their
+/// divisions then become shifts and masks: a division costs ~25 cycles, and one node's hit search
+/// made a few dozen of them.
+#[inline]
+fn pow2(b: i64) -> bool {
+    b > 0 && b & (b - 1) == 0
+}
+
 fn cdiv(a: i64, b: i64) -> i64 {
-    -((-a).div_euclid(b))
+    -fdiv(-a, b)
+}
+
+/// `a.rem_euclid(b)` for a positive `b`.
+#[inline]
+fn fmod(a: i64, b: i64) -> i64 {
+    if pow2(b) {
+        a & (b - 1)
+    } else {
+        a.rem_euclid(b)
+    }
 }
 
 fn is_fine_grained(block_size: i64, alignment: i64) -> bool {
-    alignment < block_size && block_size % alignment == 0
+    alignment < block_size && fmod(block_size, alignment) == 0
 }
 
 fn supports_fine_grained(kind: Kind) -> bool {
     matches!(kind, Kind::Full | Kind::Mamba)
 }
 
-/// Python's `//` for a non-negative divisor.
+/// Python's `//` for a positive divisor.
+#[inline]
 fn fdiv(a: i64, b: i64) -> i64 {
-    a.div_euclid(b)
+    if pow2(b) {
+        a >> b.trailing_zeros()
+    } else {
+        a.div_euclid(b)
+    }
 }
 
 /// `min(a, len)` as a count: negative counts are empty.
@@ -203,7 +229,7 @@ fn find_full(
     if drop_eagle && hit > 0 {
         hit -= alignment.min(bs);
     }
-    hit -= hit.rem_euclid(alignment);
+    hit -= fmod(hit, alignment);
     let end = found.min(count(cdiv(hit, bs), usize::MAX));
     (Found::new(0, end), hit)
 }
@@ -221,11 +247,12 @@ fn find_sliding(
     // A run may end (at its right) only on an aligned boundary: the block after it (the block
     // itself with EAGLE's drop) starts a multiple of `alignment` tokens in. Where the block size is
     // a multiple of the alignment, every boundary is one.
-    let aligned_only = bs % alignment != 0;
+    let aligned_only = fmod(bs, alignment) != 0;
     // right ends r (a run covers blocks r - need .. r) come every `every` blocks, offset by the drop
-    let every = (alignment / gcd(bs, alignment)) as usize;
+    let every = fdiv(alignment, gcd(bs, alignment)) as usize;
     let drop = usize::from(drop_eagle);
-    let aligned_below = |x: usize| (x >= drop).then(|| x - (x - drop) % every);
+    let aligned_below =
+        |x: usize| (x >= drop).then(|| x - fmod((x - drop) as i64, every as i64) as usize);
     let need = need.max(1) as usize;
     let mut run = 0usize;
     let mut found: Option<Found> = None;
@@ -252,7 +279,7 @@ fn find_sliding(
     }
     let pop_unaligned = |f: &mut Found| {
         if aligned_only {
-            while (f.end as i64 * bs) % alignment != 0 {
+            while fmod(f.end as i64 * bs, alignment) != 0 {
                 f.end -= 1;
             }
             f.start = f.start.min(f.end);
@@ -288,7 +315,7 @@ fn find_mamba(held: &Held, max_length: i64, bs: i64, alignment: i64) -> (Found, 
     }
     let aligned_only = bs != alignment;
     for i in (0..count(fdiv(max_length, bs), held.len)).rev() {
-        if aligned_only && ((i as i64 + 1) * bs) % alignment != 0 {
+        if aligned_only && fmod((i as i64 + 1) * bs, alignment) != 0 {
             continue;
         }
         if held.has(i) {

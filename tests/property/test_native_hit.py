@@ -53,7 +53,8 @@ def held(draw, n: int) -> set[int]:
 @st.composite
 def node_job(draw, scale: int = 1) -> Job:
     """`scale` > 1: lists and windows that many times longer (runs across 64-position words)."""
-    unit = draw(st.sampled_from([2, 4]))
+    # 3: block sizes and alignments that are not powers of two (divisions, where powers of two shift)
+    unit = draw(st.sampled_from([2, 4, 3]))
     pool = draw(st.lists(spec(unit, scale), min_size=1, max_size=3))  # drawing from a pool merges equal specs
     if draw(st.integers(0, 3)) == 0:  # partial hits at the hash unit: Mamba above the unit, full attention
         pool += [Mamba(unit * 4), FullAttention(unit * draw(st.sampled_from([1, 2, 4])))]
