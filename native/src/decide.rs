@@ -28,6 +28,7 @@ use crate::hashmemo::{self, HashMemo};
 use crate::hit::Layout;
 use crate::pystore::{read, Shared};
 use crate::route::{self, Members, ModelArgs, NodeOut, Prune};
+use crate::topk::{score, Bar, CohortBar};
 
 /// One hash configuration the plan's nodes use (vLLM's default sha256 chain).
 pub struct Config {
@@ -116,8 +117,8 @@ impl Live {
 
 /// Scoring's defaults (`processors/router/model.py: Scoring`); a request with its own scoring goes
 /// to Python.
-const OVERLAP_W: f64 = 1.0;
-const CPU_W: f64 = 0.5;
+pub(crate) const OVERLAP_W: f64 = 1.0;
+pub(crate) const CPU_W: f64 = 0.5;
 const RUNNING_W: f64 = 0.02;
 const WAITING_W: f64 = 0.05;
 const KV_W: f64 = 0.5;
@@ -215,7 +216,7 @@ impl Router {
 }
 
 /// Python's `round(x, 9)`: the decimal correctly rounded to 9 places, read back.
-fn round9(x: f64) -> f64 {
+pub(crate) fn round9(x: f64) -> f64 {
     if !x.is_finite() {
         return x;
     }
@@ -230,7 +231,7 @@ fn round9(x: f64) -> f64 {
     format!("{x:.9}").parse().unwrap_or(x)
 }
 
-fn tier(l: &Live, now: f64, stale: Option<&(f64, String)>) -> u8 {
+pub(crate) fn tier(l: &Live, now: f64, stale: Option<&(f64, String)>) -> u8 {
     if l.suspect.is_some() {
         2
     } else if stale.is_some_and(|(s, _)| now - l.last_seen > *s) {
@@ -247,66 +248,6 @@ fn before(a: &Row, b: &Row, plan: &Plan) -> bool {
         .partial_cmp(&(b.tier, -b.score, -b.gpu, -b.loadable))
         .map(|o| o.then_with(|| plan.nodes[a.node].id.cmp(&plan.nodes[b.node].id)))
         .is_some_and(|o| o == std::cmp::Ordering::Less)
-}
-
-/// The rank a decision's shown rows reach: the `k` best (tier, score) among the nodes worked out
-/// with a hit, best first. A member is left out when even its bound cannot beat the `k`-th: it
-/// would rank below `k` rows with a hit, so it is neither the chosen row nor shown (and those rows'
-/// positive scores keep every node holding nothing out, as they would have).
-struct Bar {
-    k: usize,
-    best: Vec<(u8, f64)>,
-}
-
-/// `Bar` for one cohort's members.
-struct CohortBar<'a> {
-    bar: &'a mut Bar,
-    cohort: &'a CohortPlan,
-    live: &'a [Live],
-    now: f64,
-    stale: Option<&'a (f64, String)>,
-    cap: f64,
-}
-
-impl CohortBar<'_> {
-    fn rank(&self, member: usize, gpu: i64, loadable: i64) -> (u8, f64) {
-        let l = &self.live[self.cohort.nodes[member]];
-        (
-            tier(l, self.now, self.stale),
-            score(gpu, loadable, self.cap, l),
-        )
-    }
-}
-
-impl Prune for CohortBar<'_> {
-    fn skip(&mut self, member: usize, gpu: i64, any: i64) -> bool {
-        let Some(&(t, s)) = self.bar.best.get(self.bar.k - 1) else {
-            return false;
-        };
-        // the best the member could do: both bounds reached (the score grows with each)
-        let gpu = gpu.min(any);
-        let (mt, ms) = self.rank(member, gpu, any - gpu);
-        t < mt || (t == mt && s > ms)
-    }
-
-    fn seen(&mut self, node: &NodeOut) {
-        let loadable = node.any_tokens - node.gpu_tokens;
-        if node.gpu_tokens <= 0 && loadable <= 0 {
-            return;
-        }
-        let r = self.rank(node.member, node.gpu_tokens, loadable);
-        let best = &mut self.bar.best;
-        let at = best.partition_point(|&(t, s)| t < r.0 || (t == r.0 && s >= r.1));
-        if at < self.bar.k {
-            best.insert(at, r);
-            best.truncate(self.bar.k);
-        }
-    }
-}
-
-/// A row's score (`processors/router/rows.py: score` with the default weights, nothing in flight).
-fn score(gpu: i64, loadable: i64, cap: f64, l: &Live) -> f64 {
-    round9(OVERLAP_W * (gpu as f64 + CPU_W * loadable as f64) / cap - l.penalty)
 }
 
 fn decide(

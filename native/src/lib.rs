@@ -44,6 +44,7 @@ pub mod serve;
 pub mod snapshot;
 pub mod store;
 pub mod tokenhash;
+mod topk;
 
 mod ingestrun;
 mod pycaptrack;

@@ -8,7 +8,7 @@
 //! and medium class (cached with the member table while the store's slots stay the same) put a bit
 //! into that member's per-group bitsets. Nodes holding nothing cost nothing here. Each touched
 //! member's answer is then worked out from its bitsets (`memberhit.rs`), all of them, or with a
-//! `Prune` (a decision showing its best few rows: `decide.rs: Bar`) the highest bounds first while
+//! `Prune` (a decision showing its best few rows: `topk.rs: Bar`) the highest bounds first while
 //! they can still rank among the rows shown.
 
 use std::sync::{Arc, Mutex};

@@ -1,5 +1,5 @@
 """A native decision that shows the best few nodes (`top_k`) leaves out members whose hit is bounded below the rows it
-already has (native/src/decide.rs: `Bar`; the bounds in native/src/memberhit.rs). The answers stay the Python path's.
+already has (native/src/topk.rs: `Bar`; the bounds in native/src/memberhit.rs). The answers stay the Python path's.
 
 Every layout kind the bounds treat apart: full attention (its held prefix), sliding windows and Mamba (their last held
 block), chunked local attention (which bounds nothing), at different block sizes. Nodes hold near-equal
