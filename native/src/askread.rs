@@ -397,13 +397,7 @@ mod tests {
     /// from the body's end.
     #[test]
     fn keys_read_as_u64_parse_reads_them() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::testrng::xorshift(0x2545_f491_4f6c_dd1d);
         let mut numbers: Vec<String> = [
             "0",
             "00",
@@ -536,13 +530,7 @@ mod tests {
     /// Long arrays (many 64-byte blocks, ids of 1 to 19 digits), whole and with one byte changed.
     #[test]
     fn long_arrays_read_as_serde_reads_them() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rnd = crate::testrng::below(0x2545_f491_4f6c_dd1d);
         let alphabet = b",]0123456789 -.e\n";
         for round in 0..400 {
             let ids: Vec<String> = (0..1 + rnd(300))
@@ -598,13 +586,7 @@ mod tests {
     /// Generated bodies, then every one-byte deletion, duplication and substitution of them.
     #[test]
     fn mutated_bodies_read_as_serde_reads_them() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rnd = crate::testrng::below(0x9e37_79b9_7f4a_7c15);
         let alphabet = b"{}[]\":,-0123456789 .eE\n\tx\\ak";
         let mut taken = 0;
         for _ in 0..300 {

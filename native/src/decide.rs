@@ -487,13 +487,7 @@ mod tests {
     #[test]
     fn round9_fast_path_agrees() {
         let text = |x: f64| -> f64 { format!("{x:.9}").parse().unwrap() };
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::testrng::xorshift(0x9e37_79b9_7f4a_7c15);
         for i in 0..400_000 {
             let u = (next() >> 11) as f64 / (1u64 << 53) as f64;
             let x = match i % 4 {

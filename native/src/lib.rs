@@ -43,6 +43,8 @@ pub mod route;
 pub mod serve;
 pub mod snapshot;
 pub mod store;
+#[cfg(test)]
+mod testrng;
 pub mod tokenhash;
 mod topk;
 

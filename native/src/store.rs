@@ -698,13 +698,7 @@ mod tests {
     /// index, keys past every word boundary and keys nobody holds.
     #[test]
     fn word_walk_equals_position_walk() {
-        let mut seed = 0x5eed_1234_abcd_0001u64;
-        let mut rnd = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rnd = crate::testrng::below(0x5eed_1234_abcd_0001);
         for round in 0..40 {
             let mut s = Store::new();
             let slots: Vec<u32> = (0..1 + rnd(12))

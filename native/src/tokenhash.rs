@@ -162,16 +162,11 @@ mod tests {
             -1,
             i32::MIN as i64,
         ];
-        let mut seed = 0x1234_5678_9abc_def1u64;
+        let mut next = crate::testrng::xorshift(0x1234_5678_9abc_def1);
         for unit in (1..=48usize).chain([200, 1000]) {
             for round in 0..10 {
                 let chunk: Vec<i64> = (0..unit)
-                    .map(|_| {
-                        seed ^= seed << 13;
-                        seed ^= seed >> 7;
-                        seed ^= seed << 17;
-                        widths[(seed % widths.len() as u64) as usize] - (round % 3) as i64
-                    })
+                    .map(|_| widths[(next() % widths.len() as u64) as usize] - (round % 3) as i64)
                     .collect();
                 let prev = vec![round as u8; if round % 2 == 0 { 32 } else { 7 }];
                 let mut m = vec![0u8; 13 + prev.len() + 2 + 5 * unit + 6 + 72];
