@@ -164,11 +164,11 @@ fn fmod(a: i64, b: i64) -> i64 {
     }
 }
 
-fn is_fine_grained(block_size: i64, alignment: i64) -> bool {
+pub(crate) fn is_fine_grained(block_size: i64, alignment: i64) -> bool {
     alignment < block_size && fmod(block_size, alignment) == 0
 }
 
-fn supports_fine_grained(kind: Kind) -> bool {
+pub(crate) fn supports_fine_grained(kind: Kind) -> bool {
     matches!(kind, Kind::Full | Kind::Mamba)
 }
 

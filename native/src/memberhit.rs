@@ -3,7 +3,7 @@
 //! prefix-per-group semantics each medium's longest held prefix. Also a cheap bound on the hit, so
 //! a decision asking for the best few nodes can leave out the members that cannot be among them.
 
-use crate::hit::{find_hit, Held, Kind, Layout};
+use crate::hit::{find_hit, is_fine_grained, supports_fine_grained, Held, Kind, Layout};
 use crate::route::{GroupOut, ModelArgs, NodeOut, GPU_BIT, UNKNOWN_BIT};
 
 /// The filled bitsets of one search: group k's set of (member m, class c) at
@@ -60,9 +60,8 @@ impl Sets<'_> {
         };
         let (mut gpu_ub, mut any_ub) = (cap, cap);
         for sg in &layout.spec_groups {
-            let fine = matches!(sg.kind, Kind::Full | Kind::Mamba)
-                && layout.alignment < sg.block_size
-                && sg.block_size % layout.alignment == 0;
+            let fine =
+                supports_fine_grained(sg.kind) && is_fine_grained(sg.block_size, layout.alignment);
             let unit = if fine {
                 layout.alignment
             } else {
@@ -73,7 +72,7 @@ impl Sets<'_> {
                     Kind::Chunked { .. } => continue,
                     Kind::Full if !fine => {
                         // the held prefixes: leading ones
-                        let (mut lead, mut gpu_open, mut any_open) = ((0, 0), true, true);
+                        let (mut lead, mut gpu_open) = ((0, 0), true);
                         for w in 0..self.words[k] {
                             let (g, a) = word(k, w);
                             if gpu_open {
@@ -81,9 +80,8 @@ impl Sets<'_> {
                                 gpu_open = g == u64::MAX;
                             }
                             lead.1 += a.trailing_ones() as usize;
-                            any_open = any_open && a == u64::MAX;
-                            if !any_open {
-                                break;
+                            if a != u64::MAX {
+                                break; // the GPU prefix ended here or before
                             }
                         }
                         lead

@@ -256,10 +256,13 @@ pub fn route_cohort(
             row_seen[r] = 1;
         });
     }
-    let mut touched = vec![0u64; nm.div_ceil(64)];
+    // the members with a bit, in member order (a member's rows are consecutive)
+    let mut members_touched: Vec<usize> = Vec::new();
     for (r, _) in row_seen.iter().enumerate().filter(|(_, &x)| x != 0) {
         let m = r / classes;
-        touched[m >> 6] |= 1 << (m & 63);
+        if members_touched.last() != Some(&m) {
+            members_touched.push(m);
+        }
     }
     // the media classes in the router's order (by rank of the medium id)
     let mut order: Vec<usize> = (1..classes).collect();
@@ -269,14 +272,6 @@ pub fn route_cohort(
             .copied()
             .unwrap_or(u32::MAX)
     });
-    let mut members_touched: Vec<usize> = Vec::new();
-    for (tw, &word) in touched.iter().enumerate() {
-        let mut word = word;
-        while word != 0 {
-            members_touched.push(tw * 64 + word.trailing_zeros() as usize);
-            word &= word - 1;
-        }
-    }
     let (nodes, skipped) = {
         let sets = Sets {
             bits,
@@ -331,13 +326,8 @@ pub fn route_cohort(
         (nodes, skipped)
     };
     // zero again what this call set (only touched members have bits), for the next call
-    for (tw, &word) in touched.iter().enumerate() {
-        let mut word = word;
-        while word != 0 {
-            let mi = tw * 64 + word.trailing_zeros() as usize;
-            word &= word - 1;
-            bits[mi * classes * per..(mi + 1) * classes * per].fill(0);
-        }
+    for &mi in &members_touched {
+        bits[mi * classes * per..(mi + 1) * classes * per].fill(0);
     }
     let mut pool = members.scratch.lock().unwrap_or_else(|e| e.into_inner());
     if pool.len() < SCRATCH_KEPT {
