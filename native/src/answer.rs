@@ -22,7 +22,7 @@ pub(crate) fn write_answer(
     plan: &Plan,
     live: &[Live],
     shown: &[&Row],
-    chains: &[Option<Vec<u64>>],
+    hash_blocks: &[usize],
     config_nodes: &[usize],
     num_tokens: i64,
     hashing_s: f64,
@@ -47,7 +47,7 @@ pub(crate) fn write_answer(
     o.push_str(",\"hash_configs\":[");
     let mut first = true;
     for (i, cfg) in plan.configs.iter().enumerate() {
-        let Some(Some(chain)) = chains.get(i) else {
+        let Some(&blocks) = hash_blocks.get(i) else {
             continue;
         };
         if config_nodes[i] == 0 {
@@ -59,7 +59,7 @@ pub(crate) fn write_answer(
         first = false;
         o.push_str(&cfg.json_head);
         o.push_str("\"hash_blocks\":");
-        o.push_str(&chain.len().to_string());
+        o.push_str(&blocks.to_string());
         o.push_str(",\"hashing_s\":");
         push_f64(&mut o, (hashing_s * 1e6).round() / 1e6);
         o.push('}');

@@ -27,7 +27,9 @@ use crate::ask::{Ask, Prompt, Request};
 use crate::hashmemo::{self, HashMemo};
 use crate::hit::Layout;
 use crate::pystore::{read, Shared};
+use crate::reach::Reach;
 use crate::route::{self, Members, ModelArgs, NodeOut, Prune};
+use crate::store::Store;
 use crate::topk::{score, Bar, CohortBar};
 
 /// One hash configuration the plan's nodes use (vLLM's default sha256 chain).
@@ -265,31 +267,55 @@ fn decide(
     };
     let cap = (num_tokens - 1).max(1) as f64;
     let t_hash = Instant::now();
-    // per configuration: the chain's 64-bit keys (the digest's last 8 bytes, as the store keys them)
-    let mut chains: Vec<Option<Vec<u64>>> = (0..plan.configs.len()).map(|_| None).collect();
+    let n = plan.configs.len();
+    // per configuration: the chain's 64-bit keys (the digest's last 8 bytes, as the store keys
+    // them), up to where `reach.rs` says no node can use more
+    let mut chains: Vec<Option<Vec<u64>>> = vec![None; n];
     // per configuration, for a token-id prompt: its digests, to remember the held prefix's units
-    let mut digests: Vec<Option<hashmemo::Chain>> = (0..plan.configs.len()).map(|_| None).collect();
-    let mut config_nodes = vec![0usize; plan.configs.len()];
+    let mut digests: Vec<Option<hashmemo::Chain>> = (0..n).map(|_| None).collect();
+    // per configuration: the prompt's whole units (the answer's `hash_blocks`), 0 where unused
+    let mut units = vec![0usize; n];
+    let mut config_nodes = vec![0usize; n];
     for c in &plan.cohorts {
-        if chains[c.config].is_none() {
-            let cfg = &plan.configs[c.config];
-            chains[c.config] = Some(match prompt {
-                Prompt::Tokens(tokens) => {
-                    let chain = memo.chain(&cfg.none_hash, tokens, cfg.unit)?;
-                    let keys = chain
-                        .digests
-                        .iter()
-                        .map(|d| u64::from_be_bytes(d[24..].try_into().expect("32-byte digest")))
-                        .collect();
-                    digests[c.config] = Some(chain);
-                    keys
-                }
-                // nodes hashing in other units are Python's "lists" no-signal entries
-                Prompt::Units { keys, unit, .. } if *unit == cfg.unit => keys.clone(),
-                Prompt::Units { .. } => return None,
-            });
-        }
         config_nodes[c.config] += c.members.owners.len();
+        units[c.config] = match prompt {
+            Prompt::Tokens(tokens) => tokens.len() / plan.configs[c.config].unit.max(1),
+            // nodes hashing in other units are Python's "lists" no-signal entries
+            Prompt::Units { keys, unit, .. } if *unit == plan.configs[c.config].unit => keys.len(),
+            Prompt::Units { .. } => return None,
+        };
+    }
+    let used = |i: usize| plan.cohorts.iter().any(|c| c.config == i);
+    // the prefix-per-group semantics reports every group's own prefix: nothing is cut there
+    let mut reach: Vec<Option<Reach>> = (0..n)
+        .map(|i| {
+            (!ask.prefixes && used(i))
+                .then(|| Reach::of(plan, i))
+                .flatten()
+        })
+        .collect();
+    // configurations hashed in full before the store is read (its lock is held no longer than
+    // the search needs)
+    for i in (0..n).filter(|&i| used(i) && reach[i].is_none()) {
+        chains[i] = Some(chain_of(
+            prompt,
+            &plan.configs[i],
+            memo,
+            &mut digests[i],
+            None,
+        )?);
+    }
+    let st = read(store);
+    for (i, r) in reach.iter_mut().enumerate() {
+        if let Some(r) = r {
+            chains[i] = Some(chain_of(
+                prompt,
+                &plan.configs[i],
+                memo,
+                &mut digests[i],
+                Some((&st, r)),
+            )?);
+        }
     }
     let hashing_s = t_hash.elapsed().as_secs_f64();
     // an answer to a chain names no hash configuration and spent no time hashing (`decide.route`)
@@ -305,7 +331,6 @@ fn decide(
     });
     let mut held_bound = vec![0i64; plan.configs.len()];
     {
-        let st = read(store);
         for c in &plan.cohorts {
             let chain = chains[c.config].as_ref().expect("hashed above");
             let unit = plan.configs[c.config].unit;
@@ -323,10 +348,12 @@ fn decide(
                 .map(|m| ModelArgs {
                     layout: m.layout,
                     cap: num_tokens - 1,
-                    num_hashed: lists
+                    // the whole prompt's lists, as if uncut (the hit never reads past the cut)
+                    num_hashed: c
+                        .groups
                         .iter()
                         .zip(&m.units)
-                        .map(|((_, l), u)| l.len() as i64 * u)
+                        .map(|(&(_, bs), u)| (units[c.config] / (bs / unit)) as i64 * u)
                         .max()
                         .unwrap_or(0),
                 })
@@ -390,6 +417,7 @@ fn decide(
             touched_sets.push(touched);
         }
     }
+    drop(st);
     // A node holding nothing can win only when no live row with a positive score exists (loads are
     // never negative: the index refuses them; the weights are the defaults).
     if !rows.iter().any(|r| r.score > 0.0 && r.tier == 0) {
@@ -460,8 +488,8 @@ fn decide(
             }
         }
     }
-    let (chains, hashing_s) = if hashed {
-        (chains, hashing_s)
+    let (hash_blocks, hashing_s) = if hashed {
+        (units, hashing_s)
     } else {
         (Vec::new(), 0.0)
     };
@@ -469,7 +497,7 @@ fn decide(
         plan,
         live,
         &shown,
-        &chains,
+        &hash_blocks,
         &config_nodes,
         num_tokens,
         hashing_s,
@@ -477,6 +505,39 @@ fn decide(
         now,
         ask.prefixes,
     ))
+}
+
+/// The keys of `prompt`'s chain for configuration `cfg` (its digests kept in `digests` for a
+/// token-id prompt), up to where `cut`'s bound says no node can use more (`reach.rs`); None where
+/// the native path does not hash the prompt.
+fn chain_of(
+    prompt: &Prompt,
+    cfg: &Config,
+    memo: &HashMemo,
+    digests: &mut Option<hashmemo::Chain>,
+    cut: Option<(&Store, &mut Reach)>,
+) -> Option<Vec<u64>> {
+    let key = |d: &[u8; 32]| u64::from_be_bytes(d[24..].try_into().expect("32-byte digest"));
+    match prompt {
+        Prompt::Tokens(tokens) => {
+            let chain = match cut {
+                None => memo.chain_until(&cfg.none_hash, tokens, cfg.unit, &mut |_, _| true)?,
+                Some((st, reach)) => {
+                    memo.chain_until(&cfg.none_hash, tokens, cfg.unit, &mut |i, d| {
+                        reach.more(st, i, key(d))
+                    })?
+                }
+            };
+            let keys = chain.digests.iter().map(key).collect();
+            *digests = Some(chain);
+            Some(keys)
+        }
+        Prompt::Units { keys, unit, .. } if *unit == cfg.unit => Some(match cut {
+            None => keys.clone(),
+            Some((st, reach)) => keys[..reach.cut(st, keys)].to_vec(),
+        }),
+        Prompt::Units { .. } => None,
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@
 //!
 //! What is remembered: only units inside the longest prefix some node was found to hold (the
 //! decision's best `any_tokens`), so prompts nobody holds (fresh user turns, uncached prompts, a
-//! flood of random ids) never enter and pay the full chain every time.
+//! flood of random ids) never enter; `reach.rs` keeps their cost low (hashing stops at the first
+//! full-attention block no node holds).
 //!
 //! How: a *segment* per admission, the run of units a prompt added (its parent digest, its ids as
 //! u32 in one slice, their digests in another), found by a hash of its parent digest and its first
@@ -148,7 +149,21 @@ impl HashMemo {
 
     /// The digests of every full `unit` of `tokens` chained from `root` (`tokenhash::sha256_chain`),
     /// the leading units the memo holds read from it; None where `sha256_chain` gives None.
+    #[cfg(test)]
     pub fn chain(&self, root: &[u8], tokens: &[i64], unit: usize) -> Option<Chain> {
+        self.chain_until(root, tokens, unit, &mut |_, _| true)
+    }
+
+    /// `chain`, stopping after the first computed unit `more` (its index and digest) turns down: the
+    /// caller knows no node can use the units after it (`decide.rs`). Units read from the memo are
+    /// not asked about.
+    pub fn chain_until(
+        &self,
+        root: &[u8],
+        tokens: &[i64],
+        unit: usize,
+        more: &mut dyn FnMut(usize, &[u8; 32]) -> bool,
+    ) -> Option<Chain> {
         if unit == 0 || root.len() >= 256 {
             return None;
         }
@@ -182,6 +197,9 @@ impl HashMemo {
             let parent = digests.last().map_or(root, |d| &d[..]);
             let d = tokenhash::unit_digest(&mut buf, parent, chunk)?;
             digests.push(d);
+            if !more(digests.len() - 1, &d) {
+                break;
+            }
         }
         self.hits.fetch_add(found as u64, Ordering::Relaxed);
         self.misses

@@ -39,6 +39,7 @@ pub mod envelope;
 pub mod hashmemo;
 pub mod hit;
 mod memberhit;
+mod reach;
 pub mod route;
 pub mod serve;
 pub mod snapshot;

@@ -452,6 +452,14 @@ impl Store {
         }
     }
 
+    /// Whether any slot holds `key` in `group`.
+    #[inline]
+    pub fn holds_any(&self, group: u64, key: u64) -> bool {
+        self.groups
+            .get(&group)
+            .is_some_and(|t| t.find(hkey(&self.rs, key), |x| { x.key } == key).is_some())
+    }
+
     /// Calls `f(slot, position)` for every (position of `keys`, slot holding it) in `group`.
     ///
     /// In two passes, because each step is a cache miss on a large index: the keys' table entries

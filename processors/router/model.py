@@ -115,7 +115,7 @@ class HashConfigUsed(msgspec.Struct, kw_only=True):
     label: str  # "algorithm/hash_block_size/seed rule/int|bytes", readable at a glance
     config: HashConfig
     nodes: int
-    hash_blocks: int  # hash units computed
+    hash_blocks: int  # the prompt's whole hash units (the native path stops hashing where no node can hit)
     hashing_s: float
 
 

@@ -1,0 +1,98 @@
+//! How much of a prompt's chain the native route decision needs (`decide.rs`): up to the first
+//! full-attention block no node holds.
+//!
+//! Why that is enough: vLLM's hybrid search (`hit::find_hit`, `gpu/hit.py`) takes the full-attention
+//! group first, and the other groups only shorten the hit from there, so a node's hit never passes
+//! its full-attention prefix. Where block `j` of a full-attention group is held by no slot at all,
+//! no node of the layout can hit past `j` blocks, and every other group's rules (a sliding window
+//! before the hit, the Mamba state at it, the chunk it ends in) only read blocks before the hit. So
+//! hashing stops after that block, and the search walks no position after it. An uncached prompt
+//! costs one unit's hash instead of the whole chain; a cached one stops just past its held prefix.
+//!
+//! Where this does not hold, nothing is cut: the prefix-per-group semantics (every group's own
+//! prefix is reported), a layout without a full-attention group searched per block, and EAGLE
+//! layouts (their drop looks one block past the hit).
+
+use crate::decide::Plan;
+use crate::hit::{is_fine_grained, Kind};
+use crate::store::Store;
+
+/// The full-attention views that bound the hits of one hash configuration's nodes: per distinct
+/// (group id, units per block), whether a block nobody holds was seen yet.
+pub struct Reach {
+    views: Vec<(u64, usize)>,
+    done: Vec<bool>,
+}
+
+impl Reach {
+    /// The bound for configuration `config` of `plan`, or None where some node's layout has none.
+    pub fn of(plan: &Plan, config: usize) -> Option<Reach> {
+        let unit = plan.configs.get(config)?.unit;
+        let mut views: Vec<(u64, usize)> = Vec::new();
+        for c in plan.cohorts.iter().filter(|c| c.config == config) {
+            for m in &c.models {
+                let layout = plan.layouts.get(m.layout)?;
+                if layout.spec_groups.iter().any(|sg| sg.eagle) {
+                    return None;
+                }
+                let sg = layout.spec_groups.iter().find(|sg| {
+                    sg.kind == Kind::Full && !is_fine_grained(sg.block_size, layout.alignment)
+                })?;
+                let &(group, block_size) = c.groups.get(*sg.members.first()?)?;
+                if unit == 0 || block_size as i64 != sg.block_size || block_size % unit != 0 {
+                    return None;
+                }
+                let view = (group, block_size / unit);
+                if view.1 == 0 {
+                    return None;
+                }
+                if !views.contains(&view) {
+                    views.push(view);
+                }
+            }
+        }
+        if views.is_empty() {
+            return None;
+        }
+        let done = vec![false; views.len()];
+        Some(Reach { views, done })
+    }
+
+    /// Told the key of unit `i` (0-based) of the chain: whether any unit after it may be needed.
+    pub fn more(&mut self, store: &Store, i: usize, key: u64) -> bool {
+        for (w, &(group, per_block)) in self.views.iter().enumerate() {
+            if !self.done[w] && (i + 1).is_multiple_of(per_block) && !store.holds_any(group, key) {
+                self.done[w] = true;
+            }
+        }
+        !self.done.iter().all(|&d| d)
+    }
+
+    /// How many leading keys of a given chain are needed. Any block nobody holds bounds the hits, not
+    /// only the first, so a bisection finds one in a few lookups: the last block (a prompt ends in
+    /// fresh tokens more often than not), then between the held and the unheld block found so far.
+    /// A chain whose last block some slot holds is not cut.
+    pub fn cut(&self, store: &Store, keys: &[u64]) -> usize {
+        let mut need = 0;
+        for &(group, per_block) in &self.views {
+            let blocks = keys.len() / per_block;
+            let held = |j: usize| store.holds_any(group, keys[(j + 1) * per_block - 1]);
+            if blocks == 0 || held(blocks - 1) {
+                return keys.len();
+            }
+            // block `hi` is held by no slot; blocks up to `lo` (exclusive of -1: none yet) were
+            let (mut lo, mut hi) = (None::<usize>, blocks - 1);
+            while lo.map_or(0, |l| l + 1) < hi {
+                let from = lo.map_or(0, |l| l + 1);
+                let mid = from + (hi - from) / 2;
+                if held(mid) {
+                    lo = Some(mid);
+                } else {
+                    hi = mid;
+                }
+            }
+            need = need.max((hi + 1) * per_block);
+        }
+        need.min(keys.len())
+    }
+}
