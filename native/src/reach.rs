@@ -96,3 +96,70 @@ impl Reach {
         need.min(keys.len())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SlotMeta;
+
+    /// A store whose group 0 holds the keys `100 + i` for the blocks `held`.
+    fn store_holding(held: &[u64]) -> Store {
+        let mut s = Store::new();
+        let slot = s.new_slot(0, SlotMeta::default()).unwrap();
+        let keys: Vec<u64> = held.iter().map(|&i| 100 + i).collect();
+        s.store(slot, &keys, 1.0, None).unwrap();
+        s
+    }
+
+    fn reach(per_block: usize) -> Reach {
+        Reach {
+            views: vec![(0, per_block)],
+            done: vec![false],
+        }
+    }
+
+    /// Every cut ends on a block no slot holds, or keeps the whole chain when its last block is held.
+    #[test]
+    fn a_cut_ends_on_a_block_nobody_holds() {
+        let mut next = crate::testrng::xorshift(0x5eed_cafe);
+        for round in 0..2_000 {
+            let per_block = 1 + (next() % 3) as usize;
+            let blocks = (next() % 40) as usize;
+            let held: Vec<u64> = (0..blocks as u64)
+                .filter(|_| !next().is_multiple_of(4))
+                .collect();
+            let s = store_holding(&held);
+            // unit i's key: the block key at each block's last unit, a key nobody holds elsewhere
+            let keys: Vec<u64> = (0..blocks * per_block)
+                .map(|i| {
+                    if (i + 1) % per_block == 0 {
+                        100 + ((i + 1) / per_block - 1) as u64
+                    } else {
+                        1 << 40
+                    }
+                })
+                .collect();
+            let cut = reach(per_block).cut(&s, &keys);
+            let last_held = blocks > 0 && held.contains(&(blocks as u64 - 1));
+            if blocks == 0 || last_held {
+                assert_eq!(cut, keys.len(), "round {round}");
+            } else {
+                assert_eq!(cut % per_block, 0, "round {round}");
+                let block = (cut / per_block - 1) as u64;
+                assert!(
+                    !held.contains(&block),
+                    "round {round}: block {block} is held"
+                );
+            }
+            // unit by unit: the chain stops right after the first block nobody holds
+            let mut r = reach(per_block);
+            let stop = (0..keys.len()).find(|&i| !r.more(&s, i, keys[i]));
+            let first_unheld = (0..blocks as u64).find(|b| !held.contains(b));
+            assert_eq!(
+                stop,
+                first_unheld.map(|b| (b as usize + 1) * per_block - 1),
+                "round {round}"
+            );
+        }
+    }
+}
