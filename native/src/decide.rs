@@ -29,7 +29,6 @@ use crate::hit::Layout;
 use crate::pystore::{read, Shared};
 use crate::reach::Reach;
 use crate::route::{self, Members, ModelArgs, NodeOut, Prune};
-use crate::store::Store;
 use crate::topk::{score, Bar, CohortBar};
 
 /// One hash configuration the plan's nodes use (vLLM's default sha256 chain).
@@ -294,27 +293,51 @@ fn decide(
                 .flatten()
         })
         .collect();
-    // configurations hashed in full before the store is read (its lock is held no longer than
-    // the search needs)
-    for i in (0..n).filter(|&i| used(i) && reach[i].is_none()) {
-        chains[i] = Some(chain_of(
-            prompt,
-            &plan.configs[i],
-            memo,
-            &mut digests[i],
-            None,
-        )?);
-    }
-    let st = read(store);
-    for (i, r) in reach.iter_mut().enumerate() {
-        if let Some(r) = r {
-            chains[i] = Some(chain_of(
-                prompt,
+    // Every configuration is hashed before the store is read, so ingest never waits behind the
+    // SHA chain. A chain the bound cuts (`reach.rs`) looks its full-attention blocks up under a
+    // read lock each; the blocks that ended it are looked up again under the search's lock below,
+    // so the cut and the search see one state.
+    for i in (0..n).filter(|&i| used(i)) {
+        chains[i] = Some(match (prompt, reach[i].as_mut()) {
+            (Prompt::Tokens(tokens), Some(r)) => {
+                let mut holds = |g, k| read(store).holds_any(g, k);
+                let mut more = |u, key| r.more(&mut holds, u, key);
+                token_chain(tokens, &plan.configs[i], memo, &mut digests[i], &mut more)?
+            }
+            (Prompt::Tokens(tokens), None) => token_chain(
+                tokens,
                 &plan.configs[i],
                 memo,
                 &mut digests[i],
-                Some((&st, r)),
-            )?);
+                &mut |_, _| true,
+            )?,
+            (Prompt::Units { keys, .. }, _) => keys.clone(),
+        });
+    }
+    let st = read(store);
+    for (i, r) in reach.iter_mut().enumerate() {
+        let Some(r) = r else { continue };
+        match prompt {
+            // a few lookups (a bisection): under the search's lock
+            Prompt::Units { keys, .. } => {
+                if let Some(chain) = chains[i].as_mut() {
+                    chain.truncate(r.cut(&st, keys));
+                }
+            }
+            // a block that ended the chain was stored since: the chain again, under this lock
+            Prompt::Tokens(tokens) if !r.unheld(&st) => {
+                r.reset();
+                let mut holds = |g, k| st.holds_any(g, k);
+                let mut more = |u, key| r.more(&mut holds, u, key);
+                chains[i] = Some(token_chain(
+                    tokens,
+                    &plan.configs[i],
+                    memo,
+                    &mut digests[i],
+                    &mut more,
+                )?);
+            }
+            Prompt::Tokens(_) => {}
         }
     }
     let hashing_s = t_hash.elapsed().as_secs_f64();
@@ -507,37 +530,23 @@ fn decide(
     ))
 }
 
-/// The keys of `prompt`'s chain for configuration `cfg` (its digests kept in `digests` for a
-/// token-id prompt), up to where `cut`'s bound says no node can use more (`reach.rs`); None where
-/// the native path does not hash the prompt.
-fn chain_of(
-    prompt: &Prompt,
+/// The keys of a token-id prompt's chain for configuration `cfg` (its digests kept in `digests`),
+/// hashed while `more` (a unit's index and key) asks for more (`reach.rs`); None where the native
+/// hash does not write the prompt.
+fn token_chain(
+    tokens: &[i64],
     cfg: &Config,
     memo: &HashMemo,
     digests: &mut Option<hashmemo::Chain>,
-    cut: Option<(&Store, &mut Reach)>,
+    more: &mut dyn FnMut(usize, u64) -> bool,
 ) -> Option<Vec<u64>> {
     let key = |d: &[u8; 32]| u64::from_be_bytes(d[24..].try_into().expect("32-byte digest"));
-    match prompt {
-        Prompt::Tokens(tokens) => {
-            let chain = match cut {
-                None => memo.chain_until(&cfg.none_hash, tokens, cfg.unit, &mut |_, _| true)?,
-                Some((st, reach)) => {
-                    memo.chain_until(&cfg.none_hash, tokens, cfg.unit, &mut |i, d| {
-                        reach.more(st, i, key(d))
-                    })?
-                }
-            };
-            let keys = chain.digests.iter().map(key).collect();
-            *digests = Some(chain);
-            Some(keys)
-        }
-        Prompt::Units { keys, unit, .. } if *unit == cfg.unit => Some(match cut {
-            None => keys.clone(),
-            Some((st, reach)) => keys[..reach.cut(st, keys)].to_vec(),
-        }),
-        Prompt::Units { .. } => None,
-    }
+    let chain = memo.chain_until(&cfg.none_hash, tokens, cfg.unit, &mut |u, d| {
+        more(u, key(d))
+    })?;
+    let keys = chain.digests.iter().map(key).collect();
+    *digests = Some(chain);
+    Some(keys)
 }
 
 #[cfg(test)]

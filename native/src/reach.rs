@@ -18,10 +18,10 @@ use crate::hit::{is_fine_grained, Kind};
 use crate::store::Store;
 
 /// The full-attention views that bound the hits of one hash configuration's nodes: per distinct
-/// (group id, units per block), whether a block nobody holds was seen yet.
+/// (group id, units per block), the key of the block nobody held that ended it, once seen.
 pub struct Reach {
     views: Vec<(u64, usize)>,
-    done: Vec<bool>,
+    ended: Vec<Option<u64>>,
 }
 
 impl Reach {
@@ -54,18 +54,33 @@ impl Reach {
         if views.is_empty() {
             return None;
         }
-        let done = vec![false; views.len()];
-        Some(Reach { views, done })
+        let ended = vec![None; views.len()];
+        Some(Reach { views, ended })
     }
 
     /// Told the key of unit `i` (0-based) of the chain: whether any unit after it may be needed.
-    pub fn more(&mut self, store: &Store, i: usize, key: u64) -> bool {
+    /// `holds(group, key)`: whether any slot holds the block (the caller says under which lock).
+    pub fn more(&mut self, holds: &mut dyn FnMut(u64, u64) -> bool, i: usize, key: u64) -> bool {
         for (w, &(group, per_block)) in self.views.iter().enumerate() {
-            if !self.done[w] && (i + 1).is_multiple_of(per_block) && !store.holds_any(group, key) {
-                self.done[w] = true;
+            if self.ended[w].is_none() && (i + 1).is_multiple_of(per_block) && !holds(group, key) {
+                self.ended[w] = Some(key);
             }
         }
-        !self.done.iter().all(|&d| d)
+        self.ended.iter().any(|e| e.is_none())
+    }
+
+    /// Whether the blocks that ended the chain are still held by no slot of `store` (a chain
+    /// hashed under other locks than the search's is checked again under the search's).
+    pub fn unheld(&self, store: &Store) -> bool {
+        self.views
+            .iter()
+            .zip(&self.ended)
+            .all(|(&(group, _), e)| e.is_none_or(|key| !store.holds_any(group, key)))
+    }
+
+    /// Forget what ended the chain, to walk it again.
+    pub fn reset(&mut self) {
+        self.ended.iter_mut().for_each(|e| *e = None);
     }
 
     /// How many leading keys of a given chain are needed. Any block nobody holds bounds the hits, not
@@ -114,7 +129,7 @@ mod tests {
     fn reach(per_block: usize) -> Reach {
         Reach {
             views: vec![(0, per_block)],
-            done: vec![false],
+            ended: vec![None],
         }
     }
 
@@ -153,13 +168,26 @@ mod tests {
             }
             // unit by unit: the chain stops right after the first block nobody holds
             let mut r = reach(per_block);
-            let stop = (0..keys.len()).find(|&i| !r.more(&s, i, keys[i]));
+            let mut holds = |g, k| s.holds_any(g, k);
+            let stop = (0..keys.len()).find(|&i| !r.more(&mut holds, i, keys[i]));
             let first_unheld = (0..blocks as u64).find(|b| !held.contains(b));
             assert_eq!(
                 stop,
                 first_unheld.map(|b| (b as usize + 1) * per_block - 1),
                 "round {round}"
             );
+            assert!(r.unheld(&s), "round {round}");
+            // the block that ended the chain stored meanwhile: the cut no longer holds
+            if let Some(b) = first_unheld {
+                let mut s = s;
+                let slot = s.new_slot(0, SlotMeta::default()).unwrap();
+                s.store(slot, &[100 + b], 1.0, None).unwrap();
+                assert!(!r.unheld(&s), "round {round}");
+                r.reset();
+                let mut holds = |g, k| s.holds_any(g, k);
+                let again = (0..keys.len()).find(|&i| !r.more(&mut holds, i, keys[i]));
+                assert!(again.is_none_or(|i| i > stop.unwrap()), "round {round}");
+            }
         }
     }
 }
