@@ -7,6 +7,11 @@ use std::fmt::Write as _;
 use crate::decide::{Live, Plan, Row};
 use crate::route;
 
+/// `v` in decimal.
+fn push_int(out: &mut String, v: impl itoa::Integer) {
+    out.push_str(itoa::Buffer::new().format(v));
+}
+
 /// Shortest text that reads back as `x` (what msgspec and Python write, up to exponent style).
 fn push_f64(out: &mut String, x: f64) {
     // JSON has no NaN or infinity; the plan's values are finite (loads are checked at ingest)
@@ -43,7 +48,7 @@ pub(crate) fn write_answer(
     });
     o.push_str(&plan.model);
     o.push_str(",\"num_tokens\":");
-    o.push_str(&num_tokens.to_string());
+    push_int(&mut o, num_tokens);
     o.push_str(",\"hash_configs\":[");
     let mut first = true;
     for (i, cfg) in plan.configs.iter().enumerate() {
@@ -59,7 +64,7 @@ pub(crate) fn write_answer(
         first = false;
         o.push_str(&cfg.json_head);
         o.push_str("\"hash_blocks\":");
-        o.push_str(&blocks.to_string());
+        push_int(&mut o, blocks);
         o.push_str(",\"hashing_s\":");
         push_f64(&mut o, (hashing_s * 1e6).round() / 1e6);
         o.push('}');
@@ -101,9 +106,9 @@ fn write_row(o: &mut String, plan: &Plan, l: &Live, r: &Row, now: f64, prefixes:
         _ => o.push_str("\"live\",\"state_reason\":null"),
     }
     o.push_str(",\"gpu_tokens\":");
-    let _ = write!(o, "{}", r.gpu);
+    push_int(o, r.gpu);
     o.push_str(",\"loadable_tokens\":");
-    let _ = write!(o, "{}", r.loadable);
+    push_int(o, r.loadable);
     o.push_str(",\"groups\":[");
     let model = &r.cohort.models[r.cohort.members.models[r.member] as usize];
     for (k, head) in model.group_heads.iter().enumerate() {
@@ -117,9 +122,9 @@ fn write_row(o: &mut String, plan: &Plan, l: &Live, r: &Row, now: f64, prefixes:
             None => (0, 0, 0),
         };
         o.push_str("\"gpu_blocks\":");
-        let _ = write!(o, "{gpu_blocks}");
+        push_int(o, gpu_blocks);
         o.push_str(",\"blocks\":");
-        let _ = write!(o, "{blocks}");
+        push_int(o, blocks);
         o.push_str(",\"medium\":");
         write_media(o, plan, media);
         if prefixes {
@@ -133,15 +138,19 @@ fn write_row(o: &mut String, plan: &Plan, l: &Live, r: &Row, now: f64, prefixes:
     // the Load struct's fields left out at their defaults, as msgspec writes it
     let mut sep = "";
     if l.running != 0 {
-        let _ = write!(o, "\"running\":{}", l.running);
+        o.push_str("\"running\":");
+        push_int(o, l.running);
         sep = ",";
     }
     if l.waiting != 0 {
-        let _ = write!(o, "{sep}\"waiting\":{}", l.waiting);
+        o.push_str(sep);
+        o.push_str("\"waiting\":");
+        push_int(o, l.waiting);
         sep = ",";
     }
     if l.kv_usage != 0.0 {
-        let _ = write!(o, "{sep}\"kv_usage\":");
+        o.push_str(sep);
+        o.push_str("\"kv_usage\":");
         push_f64(o, l.kv_usage);
     }
     o.push_str("}}");
@@ -173,9 +182,13 @@ fn write_prefixes(o: &mut String, plan: &Plan, prefix: Option<&(Vec<(i64, usize)
     per.sort();
     for (name, n) in per {
         push_str_json(o, name);
-        let _ = write!(o, ":{n},");
+        o.push(':');
+        push_int(o, n);
+        o.push(',');
     }
-    let _ = write!(o, "\"any\":{any}}}");
+    o.push_str("\"any\":");
+    push_int(o, any);
+    o.push('}');
 }
 
 /// `processors/core/slots.py: NativeStore.media_names`: GPU first, then the others by name, "?" for
