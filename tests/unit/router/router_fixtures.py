@@ -6,7 +6,8 @@ node's own hashing, the group's own block size) and applies `BlockStored` events
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 from kvpipe.gpu.hashing import hash_request_blocks, hasher_from_config
 from kvpipe.gpu.hit import ViewCache
@@ -90,3 +91,21 @@ def stored(hashes: list, group: int, block_size: int = 16, medium: str = "GPU") 
 
 def removed(hashes: list, group: int, medium: str = "GPU") -> BlockRemoved:
     return BlockRemoved(block_hashes=hashes, medium=medium, group_idx=group)
+
+
+def shared_document(rng, layout: Sequence[GroupSpec], units: tuple[int, int], nodes: int,
+                    held: Callable[[int], Mapping[tuple[int, str], Sequence[int]]], unit: int = 16):
+    """One document of `units` (a range) hash units hashed with "sha256-int", and `nodes` nodes ("n00"…, live
+    now) that each hold `held(n)` of it (positions per (group, medium); `n`: the document's units). Returns
+    the index, the document's tokens, its per-group lists and the node names."""
+    cfg = hash_config("sha256-int", unit)
+    n = rng.randint(*units)
+    doc = [rng.randrange(50_000) for _ in range(n * unit)]
+    lists = group_lists(cfg, layout, doc)
+    index = Index()
+    now = time.time()
+    names = [f"n{i:02d}" for i in range(nodes)]
+    for node in names:
+        Publisher(index, node, layout, cfg, ts=now).store(lists, held(n))
+        index.nodes[node].last_seen = now
+    return index, doc, lists, names

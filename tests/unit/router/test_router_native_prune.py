@@ -23,7 +23,7 @@ from kvpipe.processors.router.model import RouteRequest
 from kvpipe.processors.router.serving import NodeLoads
 from kvpipe.schemas.envelope import GroupSpec
 from tests.nativecheck import require_native_core
-from tests.unit.router.router_fixtures import Publisher, fa, group_lists, hash_config, mamba, swa
+from tests.unit.router.router_fixtures import fa, mamba, shared_document, swa
 
 require_native_core()
 
@@ -64,17 +64,8 @@ def _held(rng: random.Random, n: int, layout: list[GroupSpec]) -> dict[tuple[int
 def _fleet(seed: int, name: str):
     rng = random.Random(seed)
     layout = LAYOUTS[name]
-    cfg = hash_config("sha256-int", UNIT)
-    n = rng.randint(8, 40)  # hash units of the shared document
-    doc = [rng.randrange(50_000) for _ in range(n * UNIT)]
-    lists = group_lists(cfg, layout, doc)
-    index = Index()
+    index, doc, _, nodes = shared_document(rng, layout, (8, 40), 16, lambda n: _held(rng, n, layout), UNIT)
     now = time.time()
-    nodes = [f"n{i:02d}" for i in range(16)]
-    for node in nodes:
-        pub = Publisher(index, node, layout, cfg, ts=now)
-        pub.store(lists, _held(rng, n, layout))
-        index.nodes[node].last_seen = now
     for node in rng.sample(nodes, 2):
         index.nodes[node].mark_suspect(f"test: suspect {node}")
     index.nodes[rng.choice(nodes)].last_seen = now - 100.02

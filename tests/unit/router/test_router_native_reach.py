@@ -22,7 +22,7 @@ from kvpipe.processors.router.model import PREFIX_PER_GROUP, RouteRequest
 from kvpipe.processors.router.serving import NodeLoads
 from kvpipe.schemas.envelope import GroupSpec
 from tests.nativecheck import require_native_core
-from tests.unit.router.router_fixtures import Publisher, fa, group_lists, hash_config, mamba, swa
+from tests.unit.router.router_fixtures import fa, group_lists, hash_config, mamba, shared_document, swa
 
 require_native_core()
 
@@ -64,17 +64,9 @@ def _held(rng: random.Random, n: int, layout: list[GroupSpec], fa_end: int) -> d
 def _fleet(seed: int, name: str):
     rng = random.Random(seed)
     layout, _ = LAYOUTS[name]
-    cfg = hash_config("sha256-int", UNIT)
-    n = rng.randint(16, 40)  # hash units of the shared document
-    doc = [rng.randrange(50_000) for _ in range(n * UNIT)]
-    lists = group_lists(cfg, layout, doc)
-    index = Index()
-    now = time.time()
-    nodes = [f"n{i:02d}" for i in range(12)]
-    fa_end = n * UNIT // 2  # no node holds a full-attention block past half the document
-    for node in nodes:
-        Publisher(index, node, layout, cfg, ts=now).store(lists, _held(rng, n, layout, fa_end))
-        index.nodes[node].last_seen = now
+    # no node holds a full-attention block past half the document
+    index, doc, lists, nodes = shared_document(rng, layout, (16, 40), 12,
+                                               lambda n: _held(rng, n, layout, n * UNIT // 2), UNIT)
     index.nodes[rng.choice(nodes)].mark_suspect("test: suspect")
     for node in rng.sample(nodes, 6):
         index.nodes[node].load = (rng.choice([0, 3, 20]), rng.choice([0, 5]), rng.choice([0.0, 0.5]))
