@@ -9,9 +9,11 @@
 //! hashing stops after that block, and the search walks no position after it. An uncached prompt
 //! costs one unit's hash instead of the whole chain; a cached one stops just past its held prefix.
 //!
-//! Where this does not hold, nothing is cut: the prefix-per-group semantics (every group's own
-//! prefix is reported), a layout without a full-attention group searched per block, and EAGLE
-//! layouts (their drop looks one block past the hit).
+//! Where this does not hold, nothing is cut: a layout without a full-attention group searched per
+//! block, EAGLE layouts (their drop looks one block past the hit), and the prefix-per-group
+//! semantics. That one reports, per group, every medium a node holds the group on anywhere in the
+//! prompt (0 where only later blocks are there), so a block held past any cut shows in its answer
+//! (`tests/unit/router/test_router_native_reach.py` holds such a node).
 
 use crate::decide::Plan;
 use crate::hit::{is_fine_grained, Kind};

@@ -22,7 +22,7 @@ from kvpipe.processors.router.model import PREFIX_PER_GROUP, RouteRequest
 from kvpipe.processors.router.serving import NodeLoads
 from kvpipe.schemas.envelope import GroupSpec
 from tests.nativecheck import require_native_core
-from tests.unit.router.router_fixtures import fa, group_lists, hash_config, mamba, shared_document, swa
+from tests.unit.router.router_fixtures import Publisher, fa, group_lists, hash_config, mamba, shared_document, swa
 
 require_native_core()
 
@@ -127,3 +127,30 @@ def test_a_cut_chain_gives_the_python_answers(name, seed):
                                     semantics=PREFIX_PER_GROUP))
     # hits reach well into the document, up to the cut: a cut a few blocks early would change answers
     assert longest >= 4 * UNIT, (name, longest)
+
+
+def test_the_prefix_semantics_is_not_cut_where_a_medium_holds_only_later_blocks():
+    """A node's `prefix_blocks` names every medium it holds the group on within the prompt, with the prefix there
+    (0 where it holds only later blocks). Here no node holds block 4 of any group, and one node holds window blocks
+    past it on CPU only: a chain cut at block 4 would drop "CPU" from that node's window group."""
+    layout = [fa(0, UNIT), swa(1, UNIT, 48)]
+    cfg = hash_config("sha256-int", UNIT)
+    doc = [random.Random(3).randrange(50_000) for _ in range(20 * UNIT)]
+    lists = group_lists(cfg, layout, doc)
+    index = Index()
+    now = time.time()
+    held = {"a": {(0, "GPU"): [0, 1, 2, 3], (1, "GPU"): [0, 1, 2, 3], (1, "CPU"): [12, 13, 14, 15]},
+            "b": {(0, "GPU"): [0, 1], (1, "GPU"): [0, 1]}}
+    for node, positions in held.items():
+        Publisher(index, node, layout, cfg, ts=now).store(lists, positions)
+        index.nodes[node].last_seen = now
+    path = native.NativeRoute(index, HitSearch("native"), STALE)
+    path.refresh(None)
+    assert path.router.ready, path.why_not
+    for req in (RouteRequest(token_ids=doc, semantics=PREFIX_PER_GROUP),
+                RouteRequest(unit_hashes=lists[0], hash_block_size=UNIT, num_tokens=len(doc),
+                             semantics=PREFIX_PER_GROUP)):
+        _same(path, index, req)
+        rows = {row["node_id"]: row for row in _python(index, req)["nodes"]}
+        assert rows["a"]["groups"][1]["prefix_blocks"] == {"CPU": 0, "GPU": 4, "any": 4}
+    _same(path, index, RouteRequest(token_ids=doc))  # the hma semantics is cut there, with the same answer
