@@ -207,6 +207,7 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
                                             "units_full": [], "uncached_decision": [], "decision_memo_off": []}
     native_checked = 0
     warm_cases: list[tuple[list, dict]] = []  # per request: Dynamo's hashes and our calls, for `back_to_back`
+    uncached: list[int] | None = None  # this request's prompt no node holds
     fresh = random.Random(seed + 1)  # prompts no node holds (their own stream: the cached ones stay as they were)
     for r, tokens in enumerate(prompts(docs, requests, rng)):
         decided = {}
@@ -263,7 +264,8 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
                 if not same:
                     raise RuntimeError(f"request {r}: the native {name} differs from the token-id answer")
             # a prompt no node holds, as long: every node is ranked by load alone
-            req = RouteRequest(token_ids=[fresh.randrange(150_000) for _ in tokens], top_k=1)
+            uncached = [fresh.randrange(150_000) for _ in tokens]
+            req = RouteRequest(token_ids=uncached, top_k=1)
             t = time.perf_counter()
             got = path.answer(_ENCODE(req))
             native_times["uncached_decision"].append(time.perf_counter() - t)
@@ -299,7 +301,7 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
                     native_got = path.answer(body)
                     native_prefix.append(time.perf_counter() - t)
             if native_ok and path is not None and cold is not None:
-                warm_cases.append((fa, _warm_calls(path, cold, tokens, fa_wire, body)))
+                warm_cases.append((fa, _warm_calls(path, cold, tokens, fa_wire, body, uncached)))
             # the same question on our index's Python path: each node's longest full-attention prefix on any
             # medium (timed as a route shows it, then checked with every node listed)
             t = time.perf_counter()
@@ -407,9 +409,10 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     return out
 
 
-def _warm_calls(path: NativeRoute, cold: NativeRoute, tokens: list[int], fa_wire: list, prefix_body: bytes) -> dict:
+def _warm_calls(path: NativeRoute, cold: NativeRoute, tokens: list[int], fa_wire: list, prefix_body: bytes,
+                uncached: list[int] | None = None) -> dict:
     """Our calls for one request in `back_to_back`: the decision and full answer in both prompt forms (the token-id
-    decision also with the digest memo off), and the prefix route."""
+    decision also with the digest memo off), the prefix route, and the decision of a prompt no node holds."""
     bs = CONFIGS[0].hash_block_size
     bodies = {"decision": (path, RouteRequest(token_ids=tokens, top_k=1)),
               "decision_memo_off": (cold, RouteRequest(token_ids=tokens, top_k=1)),
@@ -418,6 +421,8 @@ def _warm_calls(path: NativeRoute, cold: NativeRoute, tokens: list[int], fa_wire
                                                          num_tokens=len(tokens), top_k=1)),
               "unit_chain_full_answer": (path, RouteRequest(unit_hashes=fa_wire, hash_block_size=bs,
                                                             num_tokens=len(tokens)))}
+    if uncached is not None:
+        bodies["uncached_decision"] = (path, RouteRequest(token_ids=uncached, top_k=1))
     calls = {name: partial(p.answer, _ENCODE(req)) for name, (p, req) in bodies.items()}
     calls["prefix_route"] = partial(path.answer, prefix_body)
     return calls
