@@ -204,7 +204,9 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
         if p is not None:
             p.refresh(None)
     native_times: dict[str, list[float]] = {"decision": [], "full": [], "decision_search": [], "units_decision": [],
-                                            "units_full": [], "uncached_decision": [], "decision_memo_off": []}
+                                            "units_full": [], "blocks_decision": [], "blocks_full": [],
+                                            "uncached_decision": [], "decision_memo_off": []}
+    specs = layout(windows)
     native_checked = 0
     warm_cases: list[tuple[list, dict]] = []  # per request: Dynamo's hashes and our calls, for `back_to_back`
     uncached: list[int] | None = None  # this request's prompt no node holds
@@ -263,6 +265,16 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
                 same = got is not None and _DECODE(got)["nodes"] == _DECODE(_ENCODE(want))["nodes"]
                 if not same:
                     raise RuntimeError(f"request {r}: the native {name} differs from the token-id answer")
+            # the same prompt as per-group block hashes (a router that hashes per group itself)
+            lists = group_lists(chain, specs)
+            for name, k, want in (("blocks_decision", 1, one), ("blocks_full", None, first)):
+                body = _ENCODE(RouteRequest(block_hashes=lists, num_tokens=len(tokens), top_k=k))
+                t = time.perf_counter()
+                got = path.answer(body)
+                native_times[name].append(time.perf_counter() - t)
+                same = got is not None and _DECODE(got)["nodes"] == _DECODE(_ENCODE(want))["nodes"]
+                if not same:
+                    raise RuntimeError(f"request {r}: the native {name} differs from the token-id answer")
             # a prompt no node holds, as long: every node is ranked by load alone
             uncached = [fresh.randrange(150_000) for _ in tokens]
             req = RouteRequest(token_ids=uncached, top_k=1)
@@ -301,7 +313,7 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
                     native_got = path.answer(body)
                     native_prefix.append(time.perf_counter() - t)
             if native_ok and path is not None and cold is not None:
-                warm_cases.append((fa, _warm_calls(path, cold, tokens, fa_wire, body, uncached)))
+                warm_cases.append((fa, _warm_calls(path, cold, tokens, fa_wire, body, uncached, specs)))
             # the same question on our index's Python path: each node's longest full-attention prefix on any
             # medium (timed as a route shows it, then checked with every node listed)
             t = time.perf_counter()
@@ -383,6 +395,11 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
                                               "full_answer": summary(native_times["units_full"]),
                                               "what": "the same prompts sent as their hash-unit chain "
                                                       "(unit_hashes): JSON read, search, ranking, JSON written"},
+                               "block_hashes": {"decision_top_k_1": summary(native_times["blocks_decision"]),
+                                                "full_answer": summary(native_times["blocks_full"]),
+                                                "what": "the same prompts sent as per-group block hashes "
+                                                        "(block_hashes, num_tokens): JSON read, search, ranking, "
+                                                        "JSON written"},
                                "what": "the route server's answer from the request bytes: JSON read, hashing, "
                                        "search, ranking, JSON written"}
         if tree is not None:
@@ -396,6 +413,11 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
                 d / max(units["decision_top_k_1"]["p50_us"], 0.1), 4)
             out["dynamo_radix_tree"]["ratio_dynamo_p50_over_native_unit_chain_full_answer_p50"] = round(
                 d / max(units["full_answer"]["p50_us"], 0.1), 4)
+            blocks = out["native_route"]["block_hashes"]
+            out["dynamo_radix_tree"]["ratio_dynamo_p50_over_native_block_hashes_decision_p50"] = round(
+                d / max(blocks["decision_top_k_1"]["p50_us"], 0.1), 4)
+            out["dynamo_radix_tree"]["ratio_dynamo_p50_over_native_block_hashes_full_answer_p50"] = round(
+                d / max(blocks["full_answer"]["p50_us"], 0.1), 4)
     else:
         out["native_route"] = {"missing": "the native route path is not built or not open for this fleet"}
     if tree is not None and warm_cases:
@@ -409,10 +431,17 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
     return out
 
 
+def group_lists(chain: list, specs: list[GroupSpec]) -> dict[int, list]:
+    """Each group's block hashes from the prompt's hash-unit chain (wire form): the chain's view at the group's block
+    size (every k-th unit hash, k = block size / unit), the lists a router hashing per group sends as `block_hashes`."""
+    unit = CONFIGS[0].hash_block_size
+    return {s.group_idx: chain[s.block_size // unit - 1::s.block_size // unit] for s in specs}
+
+
 def _warm_calls(path: NativeRoute, cold: NativeRoute, tokens: list[int], fa_wire: list, prefix_body: bytes,
-                uncached: list[int] | None = None) -> dict:
-    """Our calls for one request in `back_to_back`: the decision and full answer in both prompt forms (the token-id
-    decision also with the digest memo off), the prefix route, and the decision of a prompt no node holds."""
+                uncached: list[int] | None = None, specs: list[GroupSpec] | None = None) -> dict:
+    """Our calls for one request in `back_to_back`: the decision and full answer in all three prompt forms (the
+    token-id decision also with the digest memo off), the prefix route, and the decision of a prompt no node holds."""
     bs = CONFIGS[0].hash_block_size
     bodies = {"decision": (path, RouteRequest(token_ids=tokens, top_k=1)),
               "decision_memo_off": (cold, RouteRequest(token_ids=tokens, top_k=1)),
@@ -421,6 +450,10 @@ def _warm_calls(path: NativeRoute, cold: NativeRoute, tokens: list[int], fa_wire
                                                          num_tokens=len(tokens), top_k=1)),
               "unit_chain_full_answer": (path, RouteRequest(unit_hashes=fa_wire, hash_block_size=bs,
                                                             num_tokens=len(tokens)))}
+    if specs is not None:
+        lists = group_lists(fa_wire, specs)
+        bodies["block_hashes_decision"] = (path, RouteRequest(block_hashes=lists, num_tokens=len(tokens), top_k=1))
+        bodies["block_hashes_full_answer"] = (path, RouteRequest(block_hashes=lists, num_tokens=len(tokens)))
     if uncached is not None:
         bodies["uncached_decision"] = (path, RouteRequest(token_ids=uncached, top_k=1))
     calls = {name: partial(p.answer, _ENCODE(req)) for name, (p, req) in bodies.items()}

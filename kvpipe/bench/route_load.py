@@ -62,6 +62,7 @@ VALUE_CONNECTIONS = 32  # `value` is the rate at this count without ingest
 WRK_MARK = "KVPIPE_WRK "  # the Lua done() summary line starts with it
 TOKEN_ENV = "KVPIPE_WRK_TOKEN"  # the bearer token reaches wrk's Lua through its environment, never a file
 PROBE_TIMEOUT_S = 60.0  # one probe not routable after this long fails the run
+FLEET_WINDOWS = 1  # the fleet's sliding-window groups beside full attention (`bench.route.layout`)
 
 
 # ---- pure parts (tests/unit/test_bench_route_load.py) ----
@@ -314,19 +315,22 @@ def make_bodies(docs: list[list[int]], n: int, uncached: float, whole: float, to
     return out
 
 
-FORMS = ("tokens", "units")
+FORMS = ("tokens", "units", "blocks")
 
 
 def body_of(tokens: list[int], form: str = "tokens") -> dict[str, Any]:
-    """One request: the prompt as token ids, or (`units`) as its hash-unit chain in vLLM's external int form —
-    what a router front end that hashes prompts itself sends (the fleet's nodes hash with `bench.CONFIGS[0]`) —
-    and `top_k` 1 (the router's decision)."""
+    """One request: the prompt as token ids, as its hash-unit chain in vLLM's external int form (`units`), or as each
+    group's block hashes (`blocks`, the fleet's layout) — what a router front end that hashes prompts itself sends
+    (the fleet's nodes hash with `bench.CONFIGS[0]`) — and `top_k` 1 (the router's decision)."""
     if form == "tokens":
         return {"token_ids": tokens, "top_k": 1}
-    if form != "units":
+    if form not in FORMS:
         raise ValueError(f"form {form!r}: expected one of {', '.join(FORMS)}")
     cfg = bench.CONFIGS[0]
     chain = [external_hash(d, True) for d in hash_request_blocks(hasher_from_config(cfg), tokens, cfg.hash_block_size)]
+    if form == "blocks":
+        lists = bench.group_lists(chain, bench.layout(FLEET_WINDOWS))
+        return {"block_hashes": {str(g): v for g, v in lists.items()}, "num_tokens": len(tokens), "top_k": 1}
     return {"unit_hashes": chain, "hash_block_size": cfg.hash_block_size, "num_tokens": len(tokens), "top_k": 1}
 
 
@@ -366,7 +370,7 @@ class IngestSource:
         from kvpipe.bench import route as bench
 
         self.nodes, self.events_per = nodes, events_per
-        self.specs = bench.layout(1)
+        self.specs = bench.layout(FLEET_WINDOWS)
         self.hash_config = bench.CONFIGS[0]
         self.fifo: dict[int, list[tuple[int, int]]] = {i: [] for i in range(nodes)}
         self.seqs = dict.fromkeys(range(nodes), 0)
@@ -773,7 +777,8 @@ def _connections_option(ctx: click.Context, param: click.Parameter, value: str) 
               help="pin the processor child to these CPUs with taskset (0, 0,1, 0-1); default: not pinned")
 @click.option("--bodies", type=click.IntRange(1), default=50, show_default=True, help="distinct request bodies")
 @click.option("--form", type=click.Choice(FORMS), default="tokens", show_default=True,
-              help="the prompt in each body: token ids, or its hash-unit chain (unit_hashes, hashed up front)")
+              help="the prompt in each body: token ids, its hash-unit chain (unit_hashes) or each group's block "
+                   "hashes (block_hashes), hashed up front")
 @click.option("--delay-ms", type=click.IntRange(0, 1000), default=0, show_default=True,
               help="per connection, ms between an answer and the next request (0: as fast as answered); "
                    "with --connections it sets the rate a step serves at")
@@ -839,7 +844,7 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
     token = settings.api_token_value()
     rng = random.Random(args.seed)
     t_build = time.perf_counter()
-    envelopes, docs = bench.fleet(args.nodes, args.documents, args.prompt_tokens, args.per_node, 1, rng, 1)
+    envelopes, docs = bench.fleet(args.nodes, args.documents, args.prompt_tokens, args.per_node, 1, rng, FLEET_WINDOWS)
     bodies = make_bodies(docs, args.bodies, args.uncached, args.whole, args.prompt_tokens,
                          random.Random(args.seed + 1))
     build_s = time.perf_counter() - t_build

@@ -1,5 +1,5 @@
 //! What a `POST /route` body asks, read for the native decision (`decide.rs`): the prompt as token
-//! ids or as its hash-unit chain, `top_k`, the semantics. Only what the native path answers exactly
+//! ids, as its hash-unit chain or as per-group block hashes, `top_k`, the semantics. Only what the native path answers exactly
 //! as Python does is accepted; anything else (an unknown field, a value Python would refuse or
 //! check further) makes `Request::ask` return None, and the request goes to the Python app, whose
 //! 400s and 413s name the field (`processors/router/request.py`).
@@ -17,6 +17,10 @@ pub(crate) struct Request {
     /// The prompt's hash-unit chain (`processors/router/request.py: _check_units`), as store keys.
     #[serde(default)]
     pub(crate) unit_hashes: Option<Vec<UnitKey>>,
+    /// Per group its block hashes at that group's block size, sorted by group (only `askread`
+    /// reads them: a body serde would have to take is left to Python).
+    #[serde(skip)]
+    pub(crate) block_hashes: Option<Vec<(u64, Vec<UnitKey>)>>,
     #[serde(default)]
     pub(crate) hash_block_size: Option<i64>,
     #[serde(default)]
@@ -100,12 +104,18 @@ pub(crate) struct Ask {
     pub(crate) prefixes: bool,
 }
 
-/// The prompt of a request: token ids to hash, or the chain already hashed.
+/// The prompt of a request: token ids to hash, the chain already hashed, or each group's blocks.
 pub(crate) enum Prompt {
     Tokens(Vec<i64>),
     Units {
         keys: Vec<u64>,
         unit: usize,
+        num_tokens: i64,
+    },
+    /// Per group (ascending, each once) its block hashes as store keys. Only with `num_tokens`: without
+    /// it Python's rows are not exact (the hit is not capped), which the native answer never writes.
+    Blocks {
+        lists: Vec<(u64, Vec<u64>)>,
         num_tokens: i64,
     },
 }
@@ -121,9 +131,10 @@ impl Request {
     #[cfg(test)]
     pub(crate) fn debug(&self) -> String {
         format!(
-            "{:?} {:?} {:?} {:?} {:?} {:?}",
+            "{:?} {:?} {:?} {:?} {:?} {:?} {:?}",
             self.token_ids,
             self.unit_hashes,
+            self.block_hashes,
             self.hash_block_size,
             self.num_tokens,
             self.top_k,
@@ -139,21 +150,39 @@ impl Request {
         }
         let prefixes = self.semantics == Semantics::PrefixPerGroup;
         let top_k = self.top_k;
-        let prompt = match (self.token_ids, self.unit_hashes) {
-            (Some(tokens), None) => {
+        let prompt = match (self.token_ids, self.unit_hashes, self.block_hashes) {
+            (Some(tokens), None, None) => {
                 let ok = !tokens.is_empty()
                     && tokens.len() <= MAX_TOKENS
                     && self.num_tokens.is_none()
                     && self.hash_block_size.is_none();
                 ok.then_some(Prompt::Tokens(tokens))
             }
-            (None, Some(units)) => {
+            (None, Some(units), None) => {
                 let unit = self.hash_block_size.filter(|&u| u >= 1)?;
                 let n = self.num_tokens.filter(|&n| n >= 1)?;
                 let ok = units.len() <= MAX_HASHES && units.len() as i64 == n / unit;
                 ok.then(|| Prompt::Units {
                     keys: units.into_iter().map(|k| k.0).collect(),
                     unit: unit as usize,
+                    num_tokens: n,
+                })
+            }
+            // `processors/router/request.py: check_request`: a unit size is Python's 400, as are no
+            // group, a negative group (never read here) and more than MAX_HASHES hashes; a group
+            // without blocks is left to Python too (nothing to search)
+            (None, None, Some(lists)) => {
+                let n = self.num_tokens.filter(|&n| n >= 1)?;
+                let total: usize = lists.iter().map(|(_, keys)| keys.len()).sum();
+                let ok = self.hash_block_size.is_none()
+                    && !lists.is_empty()
+                    && total <= MAX_HASHES
+                    && lists.iter().all(|(_, keys)| !keys.is_empty());
+                ok.then(|| Prompt::Blocks {
+                    lists: lists
+                        .into_iter()
+                        .map(|(g, keys)| (g, keys.into_iter().map(|k| k.0).collect()))
+                        .collect(),
                     num_tokens: n,
                 })
             }

@@ -10,13 +10,14 @@
 //! call (`route::route_cohort`), rank the touched nodes, find the best node holding nothing when it
 //! could win, choose, trim to `top_k`, write the JSON.
 //!
-//! Only the common request is answered here: `token_ids`, or the hash-unit chain (`unit_hashes`
-//! with `hash_block_size` and `num_tokens`, every node hashing in that unit), with at most `top_k`
+//! Only the common request is answered here: `token_ids`, the hash-unit chain (`unit_hashes`
+//! with `hash_block_size` and `num_tokens`, every node hashing in that unit), or per-group
+//! `block_hashes` with `num_tokens` that fit every node's layout (see `block_lists`), with at most `top_k`
 //! and the semantics (`hma` or `prefix-per-group`) beside it, while the plan matches the index's
 //! generation, every cohort takes the native path and no in-flight guess exists. Anything else
 //! returns None and the server hands the request to the Python app, which answers it as before
 //! (its 400s included). `tests/unit/router/test_router_native_route.py` holds both answers equal
-//! on seeded fleets, in both prompt forms and both semantics.
+//! on seeded fleets, in all three prompt forms and both semantics.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -78,6 +79,9 @@ pub struct Plan {
     pub media: Vec<String>,
     /// `route_stale_after_s`, and its text as Python prints the float.
     pub stale_after: Option<(f64, String)>,
+    /// Block-hash routes may be answered: no eligible node is left out of the cohorts for its hash
+    /// configuration (those routes search such nodes too, and their `no_signal` leaves them out).
+    pub block_routes: bool,
 }
 
 /// A node's state between plans: suspect (with the reason as a JSON string), last seen (its own
@@ -232,6 +236,34 @@ pub(crate) fn round9(x: f64) -> f64 {
     format!("{x:.9}").parse().unwrap_or(x)
 }
 
+/// A cohort's lists from a block-hash request, as `processors/router/decide.py: _hash_cohorts` makes
+/// them for the cohort's layout (`groups`: its groups and block sizes): each group its own list, a
+/// group the request does not name the list of the first named group with its block size. None
+/// where Python's rows would not be the common answer: a named group the layout lacks or a list
+/// whose length is not `num_tokens` // its block size (those nodes become no-signal rows, or the
+/// request a 400), a group left without a list (a "partial" row, not exact).
+fn block_lists(
+    given: &[(u64, Vec<u64>)],
+    groups: &[(u64, usize)],
+    num_tokens: i64,
+) -> Option<Vec<(u64, Vec<u64>)>> {
+    let size = |g: u64| groups.iter().find(|&&(h, _)| h == g).map(|&(_, bs)| bs);
+    for (g, list) in given {
+        let bs = size(*g)? as i64;
+        if list.len() as i64 != num_tokens / bs {
+            return None;
+        }
+    }
+    groups
+        .iter()
+        .map(|&(g, bs)| {
+            let own = given.iter().find(|(h, _)| *h == g);
+            let list = own.or_else(|| given.iter().find(|(h, _)| size(*h) == Some(bs)))?;
+            Some((g, list.1.clone()))
+        })
+        .collect()
+}
+
 pub(crate) fn tier(l: &Live, now: f64, stale: Option<&(f64, String)>) -> u8 {
     if l.suspect.is_some() {
         2
@@ -262,8 +294,11 @@ fn decide(
     let (prompt, top_k) = (&ask.prompt, ask.top_k);
     let num_tokens = match prompt {
         Prompt::Tokens(tokens) => tokens.len() as i64,
-        Prompt::Units { num_tokens, .. } => *num_tokens,
+        Prompt::Units { num_tokens, .. } | Prompt::Blocks { num_tokens, .. } => *num_tokens,
     };
+    if matches!(prompt, Prompt::Blocks { .. }) && !plan.block_routes {
+        return None;
+    }
     let cap = (num_tokens - 1).max(1) as f64;
     let t_hash = Instant::now();
     let n = plan.configs.len();
@@ -282,6 +317,8 @@ fn decide(
             // nodes hashing in other units are Python's "lists" no-signal entries
             Prompt::Units { keys, unit, .. } if *unit == plan.configs[c.config].unit => keys.len(),
             Prompt::Units { .. } => return None,
+            // the lists are given per group: nothing is hashed
+            Prompt::Blocks { .. } => 0,
         };
     }
     let used = |i: usize| plan.cohorts.iter().any(|c| c.config == i);
@@ -312,6 +349,7 @@ fn decide(
                 &mut |_, _| true,
             )?,
             (Prompt::Units { keys, .. }, _) => keys.clone(),
+            (Prompt::Blocks { .. }, _) => Vec::new(),
         });
     }
     let st = read(store);
@@ -337,7 +375,7 @@ fn decide(
                     &mut more,
                 )?);
             }
-            Prompt::Tokens(_) => {}
+            Prompt::Tokens(_) | Prompt::Blocks { .. } => {}
         }
     }
     let hashing_s = t_hash.elapsed().as_secs_f64();
@@ -355,16 +393,35 @@ fn decide(
     let mut held_bound = vec![0i64; plan.configs.len()];
     {
         for c in &plan.cohorts {
-            let chain = chains[c.config].as_ref().expect("hashed above");
             let unit = plan.configs[c.config].unit;
-            let lists: Vec<(u64, Vec<u64>)> = c
-                .groups
-                .iter()
-                .map(|&(g, bs)| {
-                    let k = bs / unit;
-                    (g, chain.iter().skip(k - 1).step_by(k).copied().collect())
-                })
-                .collect();
+            // a block-hash request's lists as sent (their lengths are the prompt's), and where the
+            // bound cuts them (`reach.rs`, looked up under the search's lock)
+            let mut given_lens: Vec<usize> = Vec::new();
+            let lists: Vec<(u64, Vec<u64>)> = match prompt {
+                Prompt::Blocks { lists, .. } => {
+                    let mut own = block_lists(lists, &c.groups, num_tokens)?;
+                    given_lens = own.iter().map(|(_, l)| l.len()).collect();
+                    let cut = reach[c.config]
+                        .as_ref()
+                        .and_then(|r| r.cut_blocks(&st, &own, unit));
+                    if let Some(tokens) = cut {
+                        for ((_, list), &(_, bs)) in own.iter_mut().zip(&c.groups) {
+                            list.truncate(tokens / bs);
+                        }
+                    }
+                    own
+                }
+                _ => {
+                    let chain = chains[c.config].as_ref().expect("hashed above");
+                    c.groups
+                        .iter()
+                        .map(|&(g, bs)| {
+                            let k = bs / unit;
+                            (g, chain.iter().skip(k - 1).step_by(k).copied().collect())
+                        })
+                        .collect()
+                }
+            };
             let models: Vec<ModelArgs> = c
                 .models
                 .iter()
@@ -375,8 +432,12 @@ fn decide(
                     num_hashed: c
                         .groups
                         .iter()
+                        .enumerate()
                         .zip(&m.units)
-                        .map(|(&(_, bs), u)| (units[c.config] / (bs / unit)) as i64 * u)
+                        .map(|((gi, &(_, bs)), u)| match prompt {
+                            Prompt::Blocks { .. } => given_lens[gi] as i64 * u,
+                            _ => (units[c.config] / (bs / unit)) as i64 * u,
+                        })
                         .max()
                         .unwrap_or(0),
                 })

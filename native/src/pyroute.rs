@@ -65,7 +65,7 @@ impl NativeRouter {
     /// A new plan (see `decide::Plan`), with the live state of its nodes in plan order.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (generation, engine, configs, cohorts, nodes, no_signal, model, media_rank, media,
-                        stale_after, live))]
+                        stale_after, live, block_routes=false))]
     fn set_plan(
         &self,
         generation: u64,
@@ -79,6 +79,7 @@ impl NativeRouter {
         media: Vec<String>,
         stale_after: Option<(f64, String)>,
         live: Vec<LiveArgs>,
+        block_routes: bool,
     ) -> PyResult<()> {
         if live.len() != nodes.len() {
             return Err(err("live state and nodes differ in length".into()));
@@ -147,6 +148,7 @@ impl NativeRouter {
             media_rank,
             media,
             stale_after,
+            block_routes,
         };
         self.inner.set_plan(plan, lives(live));
         Ok(())

@@ -94,24 +94,52 @@ impl Reach {
         for &(group, per_block) in &self.views {
             let blocks = keys.len() / per_block;
             let held = |j: usize| store.holds_any(group, keys[(j + 1) * per_block - 1]);
-            if blocks == 0 || held(blocks - 1) {
+            let Some(hi) = unheld_block(blocks, held) else {
                 return keys.len();
-            }
-            // block `hi` is held by no slot; blocks up to `lo` (exclusive of -1: none yet) were
-            let (mut lo, mut hi) = (None::<usize>, blocks - 1);
-            while lo.map_or(0, |l| l + 1) < hi {
-                let from = lo.map_or(0, |l| l + 1);
-                let mid = from + (hi - from) / 2;
-                if held(mid) {
-                    lo = Some(mid);
-                } else {
-                    hi = mid;
-                }
-            }
+            };
             need = need.max((hi + 1) * per_block);
         }
         need.min(keys.len())
     }
+
+    /// `cut` for a request that sends each group's blocks (`lists`: group, its block keys), in tokens
+    /// of a prompt hashed in `unit`-token units: every list may end after that many tokens. None where
+    /// nothing is cut (a bounding group without a list, or whose last block some slot holds).
+    pub fn cut_blocks(
+        &self,
+        store: &Store,
+        lists: &[(u64, Vec<u64>)],
+        unit: usize,
+    ) -> Option<usize> {
+        let mut need = 0;
+        for &(group, per_block) in &self.views {
+            let (_, keys) = lists.iter().find(|(g, _)| *g == group)?;
+            let hi = unheld_block(keys.len(), |j| store.holds_any(group, keys[j]))?;
+            need = need.max((hi + 1) * per_block * unit);
+        }
+        Some(need)
+    }
+}
+
+/// A block of `blocks` that `held` says no slot holds, found by bisection (the last one first: a
+/// prompt ends in fresh tokens more often than not); None when the last block is held or there is
+/// none.
+fn unheld_block(blocks: usize, held: impl Fn(usize) -> bool) -> Option<usize> {
+    if blocks == 0 || held(blocks - 1) {
+        return None;
+    }
+    // block `hi` is held by no slot; blocks up to `lo` (exclusive of -1: none yet) were
+    let (mut lo, mut hi) = (None::<usize>, blocks - 1);
+    while lo.map_or(0, |l| l + 1) < hi {
+        let from = lo.map_or(0, |l| l + 1);
+        let mid = from + (hi - from) / 2;
+        if held(mid) {
+            lo = Some(mid);
+        } else {
+            hi = mid;
+        }
+    }
+    Some(hi)
 }
 
 #[cfg(test)]
@@ -157,7 +185,17 @@ mod tests {
                 })
                 .collect();
             let cut = reach(per_block).cut(&s, &keys);
+            // the same prompt as its block list: the same bound, in tokens (16 per unit here)
+            let block_keys: Vec<u64> = (0..blocks as u64).map(|b| 100 + b).collect();
+            let in_tokens = reach(per_block).cut_blocks(&s, &[(0, block_keys)], 16);
             let last_held = blocks > 0 && held.contains(&(blocks as u64 - 1));
+            if blocks == 0 || last_held {
+                assert_eq!(in_tokens, None, "round {round}");
+            } else {
+                assert_eq!(in_tokens, Some(cut * 16), "round {round}");
+            }
+            let other = reach(per_block).cut_blocks(&s, &[(1, vec![100])], 16);
+            assert_eq!(other, None, "a bounding group without a list cuts nothing");
             if blocks == 0 || last_held {
                 assert_eq!(cut, keys.len(), "round {round}");
             } else {

@@ -1,8 +1,8 @@
 """The native route path's Python half: what `kvpipe_native.NativeRouter` (native/src/decide.rs) needs to answer
 `POST /route` without Python, exported from the index.
 
-The native side answers the common request — token ids or the hash-unit chain (`unit_hashes`), at most `top_k` — exactly as `decide.route` does on its
-native cohort path; this module hands it everything that is not per request, worked out by the same code the
+The native side answers the common request — token ids, the hash-unit chain (`unit_hashes`) or per-group
+`block_hashes` with `num_tokens`, at most `top_k` — exactly as `decide.route` does on its native cohort path; this module hands it everything that is not per request, worked out by the same code the
 Python path runs (`plan.plan`, `hashing`, `hits.HitSearch.native_layout`, the answer's own Structs encoded by
 msgspec), so the rules stay in one place:
 
@@ -108,11 +108,14 @@ class NativeRoute:
         model = next(iter(models)) if len(models) == 1 else None
         stale = (float(self.stale_after_s), f"{self.stale_after_s}") if self.stale_after_s is not None else None
         engine = search.native_engine
+        # Block-hash routes search every eligible node by its layout, whatever its hash configuration
+        # (`plan.Plan.by_layout`), and their `no_signal` leaves configuration problems out: the native
+        # cohorts (by configuration) hold the same nodes and the same list only where there are none.
         self.router.set_plan(planned.generation, engine, configs, cohorts,
                              [(n.node_id, _head(_row(n), "state")) for n in nodes],
                              _encode(no_signal).decode(), _encode(model).decode(),
                              list(store.media_rank()), list(store.media), stale,
-                             [_live(n) for n in nodes])
+                             [_live(n) for n in nodes], block_routes=not planned.config_problems)
         self.servable, self.why_not = True, ""
 
 

@@ -1,6 +1,6 @@
 """The routing app's native route server, end to end: a real broker, a real `kvpipe processor` with `--route-port`,
-a seeded fleet published through Kafka. The route port answers every token-id request as the web port does (only the
-timings differ), passes every other request through to the web port, keeps the token rule, and shows its counters
+a seeded fleet published through Kafka. The route port answers every token-id and block-hash request as the web port
+does (only the timings differ), passes every other request through to the web port, keeps the token rule, and shows its counters
 in /stats and /metrics; ingest goes on while it serves.
 """
 from __future__ import annotations
@@ -17,6 +17,8 @@ from kvpipe.bench import route as bench
 from kvpipe.bench.route import without_timings as _plain
 from kvpipe.bench.procrun import ProcessorProcess, free_port
 from kvpipe.bench.route_http import _publish
+from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
+from kvpipe.gpu.hit import ViewCache
 from kvpipe.processors.router.model import RouteRequest
 from tests.integration.processor_fixture import ProcessorTopics
 from tests.nativecheck import require_native_core
@@ -82,6 +84,25 @@ def test_the_route_port_answers_as_the_web_port(served):
     stats = proc.get("/stats")["route_server"]
     assert stats["running"] and stats["native_open"], stats
     assert stats["requests"]["native"] >= 2 * len(prompts)  # answered natively, not passed through
+
+
+def test_block_hashes_are_answered_on_the_route_port_as_on_the_web_port(served):
+    """A router that hashes per group itself sends `block_hashes`: answered natively too, the same rows."""
+    proc, route_port, docs, rng = served
+    native, web = Conn(route_port), Conn(proc.port)
+    cfg = bench.CONFIGS[0]
+    specs = bench.layout(2)
+    before = proc.get("/stats")["route_server"]["requests"]["native"]
+    prompts = bench.prompts(docs, 6, rng)
+    for tokens in prompts:
+        views = ViewCache(hash_request_blocks(hasher_from_config(cfg), tokens, cfg.hash_block_size), cfg.hash_block_size)
+        lists = {s.group_idx: [external_hash(h, True) for h in views.at(s.block_size)] for s in specs}
+        body = msgspec.json.encode(RouteRequest(block_hashes=lists, num_tokens=len(tokens), top_k=1))
+        s1, a = native.post("/route", body)
+        s2, b = web.post("/route", body)
+        assert (s1, s2) == (200, 200), (a, b)
+        assert _plain(a) == _plain(b)
+    assert proc.get("/stats")["route_server"]["requests"]["native"] >= before + len(prompts)
 
 
 def test_other_requests_pass_through_to_the_web_port(served):

@@ -176,7 +176,7 @@ def test_bodies_mix_and_lines():
         rl.make_bodies(docs, 10, 0.8, 0.3, 256, random.Random(1))
 
 
-def test_a_body_as_its_unit_chain_and_paced_scripts():
+def test_a_body_as_its_unit_chain_or_block_hashes_and_paced_scripts():
     rng = random.Random(2)
     tokens = [rng.randrange(150_000) for _ in range(100)]
     body = json.loads(rl.body_line(tokens, "units"))
@@ -185,8 +185,16 @@ def test_a_body_as_its_unit_chain_and_paced_scripts():
     # the chain is the prompt's: the same tokens give the same chain, one token changed moves it from there on
     other = json.loads(rl.body_line(tokens[:40] + [tokens[40] + 1] + tokens[41:], "units"))["unit_hashes"]
     assert other[:2] == body["unit_hashes"][:2] and other[2] != body["unit_hashes"][2]
+    # as block hashes: each group of the fleet's layout its view of the same chain, at its own block size
+    blocks = json.loads(rl.body_line(tokens, "blocks"))
+    assert blocks["num_tokens"] == 100 and blocks["top_k"] == 1 and "unit_hashes" not in blocks
+    sizes = {str(s.group_idx): s.block_size for s in rl.bench.layout(rl.FLEET_WINDOWS)}
+    assert set(blocks["block_hashes"]) == set(sizes) and len(sizes) == 2
+    for g, hashes in blocks["block_hashes"].items():
+        k = sizes[g] // 16
+        assert hashes == body["unit_hashes"][k - 1::k] and len(hashes) == 100 // sizes[g]
     with pytest.raises(ValueError):
-        rl.body_of(tokens, "blocks")
+        rl.body_of(tokens, "hashes")
     assert "function delay()\n  return 3\nend" in rl.lua_script("/tmp/b.jsonl", delay_ms=3)
     assert "function delay" not in rl.lua_script("/tmp/b.jsonl")
 

@@ -76,6 +76,11 @@ def test_both_engines_are_timed_on_the_same_requests_and_checked_equal():
         assert warm["dynamo"]["p50_us"] > 0 and warm["ratio_dynamo_p50_over_decision_p50"] > 0
         if native.engine() == "native":  # the settled calls include the decision of a prompt no node holds
             assert warm["uncached_decision"]["p50_us"] > 0
+            # and the prompt as per-group block hashes, answered natively (checked equal to the token-id answer)
+            assert warm["block_hashes_decision"]["p50_us"] > 0 and warm["block_hashes_full_answer"]["p50_us"] > 0
+    if native.engine() == "native":
+        blocks = out["native_route"]["block_hashes"]
+        assert blocks["decision_top_k_1"]["p50_us"] > 0 and blocks["full_answer"]["p50_us"] > 0
 
 
 def test_back_to_back_asks_each_call_twice_and_times_the_second(monkeypatch):

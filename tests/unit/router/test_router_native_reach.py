@@ -1,5 +1,6 @@
 """The native decision hashes and searches a prompt only up to the first full-attention block no node holds
 (native/src/reach.rs): no hit can pass it. The answers stay the Python path's, which hashes and searches every unit.
+Block-hash requests are cut at the same bound: each group's list ends with the tokens the bound keeps.
 
 The fleets here make the cut matter: sliding-window and Mamba blocks held far past every full-attention prefix
 (nodes that hold no full-attention block at all among them), holes, GPU and CPU copies. Where the cut must not
@@ -125,6 +126,11 @@ def test_a_cut_chain_gives_the_python_answers(name, seed):
         _same(path, index, RouteRequest(unit_hashes=chain, hash_block_size=UNIT, num_tokens=len(doc), top_k=top_k))
     _same(path, index, RouteRequest(unit_hashes=chain, hash_block_size=UNIT, num_tokens=len(doc),
                                     semantics=PREFIX_PER_GROUP))
+    # each group's block hashes (a router that hashes per group), cut at the same bound
+    blocks = group_lists(hash_config("sha256-int", UNIT), LAYOUTS[name][0], doc)
+    for top_k in (1, None):
+        longest = max(longest, _same(path, index, RouteRequest(block_hashes=blocks, num_tokens=len(doc), top_k=top_k)))
+    _same(path, index, RouteRequest(block_hashes=blocks, num_tokens=len(doc), semantics=PREFIX_PER_GROUP))
     # hits reach well into the document, up to the cut: a cut a few blocks early would change answers
     assert longest >= 4 * UNIT, (name, longest)
 
@@ -149,8 +155,10 @@ def test_the_prefix_semantics_is_not_cut_where_a_medium_holds_only_later_blocks(
     assert path.router.ready, path.why_not
     for req in (RouteRequest(token_ids=doc, semantics=PREFIX_PER_GROUP),
                 RouteRequest(unit_hashes=lists[0], hash_block_size=UNIT, num_tokens=len(doc),
-                             semantics=PREFIX_PER_GROUP)):
+                             semantics=PREFIX_PER_GROUP),
+                RouteRequest(block_hashes=lists, num_tokens=len(doc), semantics=PREFIX_PER_GROUP)):
         _same(path, index, req)
         rows = {row["node_id"]: row for row in _python(index, req)["nodes"]}
         assert rows["a"]["groups"][1]["prefix_blocks"] == {"CPU": 0, "GPU": 4, "any": 4}
     _same(path, index, RouteRequest(token_ids=doc))  # the hma semantics is cut there, with the same answer
+    _same(path, index, RouteRequest(block_hashes=lists, num_tokens=len(doc)))

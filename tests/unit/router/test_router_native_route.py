@@ -1,7 +1,8 @@
 """The native route decision (native/src/decide.rs, fed by processors/router/native.py) answers exactly as the Python
 path (`decide.route` with the index's loads), and hands every request it does not model back to Python.
 
-Seeded fleets with hybrid caches on GPU and CPU, loads (some nodes loaded enough that an empty node wins), suspect
+Every prompt form: token ids, the hash-unit chain and per-group block hashes. Seeded fleets with hybrid caches on GPU
+and CPU, loads (some nodes loaded enough that an empty node wins), suspect
 and stale nodes, cached and uncached prompts, `top_k` 1, 2, 5 and none. Only the timing fields differ.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 from kvpipe.bench import route as bench
 from kvpipe.bench.route import without_timings as _plain
 from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
+from kvpipe.gpu.hit import ViewCache
 from kvpipe.processors.router import native
 from kvpipe.processors.router.decide import route
 from kvpipe.processors.router.hits import HitSearch
@@ -117,6 +119,88 @@ def test_native_answers_to_a_unit_chain_equal_the_python_path(seed):
     assert checked == 3 * 9
 
 
+def _blocks(index, tokens: list[int], as_bytes: bool = False) -> dict[int, list]:
+    """The prompt's per-group block hashes, each group's list at its own block size (the fleet's nodes share one
+    layout), as a router that hashes itself sends them."""
+    cfg = bench.CONFIGS[0]
+    specs = next(iter(index.nodes.values())).group_specs
+    views = ViewCache(hash_request_blocks(hasher_from_config(cfg), tokens, cfg.hash_block_size), cfg.hash_block_size)
+    return {s.group_idx: ["0x" + d.hex() if as_bytes else external_hash(d, True) for d in views.at(s.block_size)]
+            for s in specs}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_native_answers_to_block_hashes_equal_the_python_path(seed):
+    rng, index, docs = _fleet(seed)
+    path = native.NativeRoute(index, HitSearch("native"), STALE)
+    path.refresh(None)
+    uncached = [[rng.randrange(50_000, 60_000) for _ in range(300)]]
+    checked = 0
+    for i, tokens in enumerate(bench.prompts(docs, 6, rng) + uncached + [[7] * 32, [7] * 40]):
+        lists = _blocks(index, tokens, as_bytes=i % 2 == 1)
+        # a group left out borrows the list of a named group with its block size (the fleet's windows: 32 and 16)
+        named = {g: v for g, v in lists.items() if g != 2} if i % 3 == 1 and 2 in lists else lists
+        for top_k in (None, 1, 3):
+            req = RouteRequest(block_hashes=named, num_tokens=len(tokens), top_k=top_k,
+                               semantics="prefix-per-group" if top_k == 3 else "hma")
+            body = msgspec.json.encode(req)
+            got = path.answer(body)
+            assert got is not None, (seed, top_k, i)
+            assert json.loads(got)["hashing_s"] == 0.0
+            plain, want = _settled(lambda: _plain(path.answer(body)), lambda: _python(index, req))
+            assert plain == want, (seed, top_k, len(tokens), sorted(named))
+            assert want["hash_configs"] == [] and all(row["exact"] for row in want["nodes"])
+            # the same prompt as its unit chain: the same nodes, rows and scores
+            as_units = RouteRequest(unit_hashes=_chain(tokens), hash_block_size=16, num_tokens=len(tokens),
+                                    top_k=top_k, semantics=req.semantics)
+            by_units, by_blocks = _settled(lambda: _python(index, as_units), lambda: _python(index, req))
+            assert (by_units["nodes"], by_units["chosen"]) == (by_blocks["nodes"], by_blocks["chosen"])
+            checked += 1
+    assert checked == 3 * 9
+
+
+def test_block_hashes_it_does_not_model_go_to_python():
+    rng, index, docs = _fleet(2)  # two sliding windows: groups 0 and 2 at 16 tokens a block, group 1 at 32
+    path = native.NativeRoute(index, HitSearch("native"), STALE)
+    path.refresh(None)
+    tokens = bench.prompts(docs, 1, rng)[0]
+    lists, n = _blocks(index, tokens), len(tokens)
+    assert sorted(lists) == [0, 1, 2]
+    assert path.answer(msgspec.json.encode(RouteRequest(block_hashes=lists, num_tokens=n))) is not None
+    for other in (
+            RouteRequest(block_hashes=lists),  # no num_tokens: Python's rows are not exact
+            RouteRequest(block_hashes={0: lists[0]}, num_tokens=n),  # group 1 has no list: a "partial" row
+            RouteRequest(block_hashes={**lists, 7: lists[0]}, num_tokens=n),  # a group no node has: no signal / 400
+            RouteRequest(block_hashes={**lists, 1: lists[1][:-1]}, num_tokens=n),  # one block short: no signal
+            RouteRequest(block_hashes=lists, num_tokens=n + 16),  # the count does not fit the lists
+            RouteRequest(block_hashes={}, num_tokens=n),  # no group: Python's 400
+            RouteRequest(block_hashes=lists, num_tokens=n, hash_block_size=16),  # Python's 400
+            RouteRequest(block_hashes=lists, unit_hashes=_chain(tokens), num_tokens=n)):  # two forms: Python's 400
+        assert path.answer(msgspec.json.encode(other)) is None, other
+    body = json.dumps({"block_hashes": {str(g): v for g, v in lists.items()}, "num_tokens": n})
+    assert path.answer(body.encode()) is not None
+    for key in ("00", "-0", "+1", " 1", "1.0", "0x1"):  # group keys msgspec refuses or reads otherwise: Python's
+        assert path.answer(body.replace('"0":', f'"{key}":', 1).encode()) is None, key
+    twice = body.replace('"1":', '"0": [1], "1":', 1)  # a group twice (msgspec keeps the last): Python's
+    assert path.answer(twice.encode()) is None
+    for bad in ([-1], ["0xabc"], [1.5], [1 << 64]):
+        raw = json.dumps({"block_hashes": {"0": bad + lists[0][1:], "1": lists[1], "2": lists[2]}, "num_tokens": n})
+        assert path.answer(raw.encode()) is None, bad
+
+
+def test_block_hashes_go_to_python_while_a_node_has_no_usable_hash_configuration():
+    rng, index, docs = _fleet(1)
+    tokens = bench.prompts(docs, 1, rng)[0]
+    lists, n = _blocks(index, tokens), len(tokens)
+    index.nodes[sorted(index.nodes)[0]].hash_config = None  # searched by block-hash routes, not by token ids
+    index.generation += 1
+    path = native.NativeRoute(index, HitSearch("native"), STALE)
+    path.refresh(None)
+    assert path.router.ready
+    assert path.answer(msgspec.json.encode(RouteRequest(token_ids=tokens))) is not None
+    assert path.answer(msgspec.json.encode(RouteRequest(block_hashes=lists, num_tokens=n))) is None
+
+
 def test_unit_chains_it_does_not_model_go_to_python():
     rng, index, docs = _fleet(1)
     path = native.NativeRoute(index, HitSearch("native"), STALE)
@@ -151,7 +235,8 @@ def test_requests_it_does_not_model_go_to_python():
     assert path.answer(msgspec.json.encode(RouteRequest(token_ids=tokens))) is not None
     for other in (RouteRequest(token_ids=tokens, include_zero=True), RouteRequest(token_ids=tokens, model="m"),
                   RouteRequest(token_ids=tokens, request_id="r1"), 
-                  RouteRequest(block_hashes={0: [1, 2]}, num_tokens=32), RouteRequest(token_ids=tokens, top_k=0),
+                  RouteRequest(block_hashes={0: [1, 2]}, num_tokens=32),  # group 1 without a list: not exact
+                  RouteRequest(token_ids=tokens, top_k=0),
                   RouteRequest(token_ids=[])):
         assert path.answer(msgspec.json.encode(other)) is None, other
     for raw in (b"not json", b'{"token_ids": [1.5]}', b'{"token_ids": [1], "top_k": 1, "x": 2}', b"[]",
