@@ -34,8 +34,9 @@ pub(crate) fn write_answer(
     search_s: f64,
     now: f64,
     prefixes: bool,
+    no_signal: &str,
 ) -> Vec<u8> {
-    let mut o = String::with_capacity(1024 + plan.no_signal.len());
+    let mut o = String::with_capacity(1024 + no_signal.len());
     o.push_str("{\"chosen\":");
     match shown.first() {
         Some(r) => push_str_json(&mut o, &plan.nodes[r.node].id),
@@ -77,7 +78,7 @@ pub(crate) fn write_answer(
         write_row(&mut o, plan, &live[r.node], r, now, prefixes);
     }
     o.push_str("],\"no_signal\":");
-    o.push_str(&plan.no_signal);
+    o.push_str(no_signal);
     o.push_str(",\"hashing_s\":");
     push_f64(&mut o, (hashing_s * 1e6).round() / 1e6);
     o.push_str(",\"search_s\":");
@@ -218,7 +219,7 @@ fn write_media(o: &mut String, plan: &Plan, mask: u64) {
 
 /// `s` as a JSON string: as it is between quotes when nothing in it needs escaping (node ids and
 /// medium names, in every row), else serde_json's escaping.
-fn push_str_json(o: &mut String, s: &str) {
+pub(crate) fn push_str_json(o: &mut String, s: &str) {
     if s.bytes()
         .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
     {

@@ -12,7 +12,7 @@
 //!
 //! Only the common request is answered here: `token_ids`, the hash-unit chain (`unit_hashes`
 //! with `hash_block_size` and `num_tokens`, every node hashing in that unit), or per-group
-//! `block_hashes` with `num_tokens` that fit every node's layout (see `block_lists`), with at most `top_k`
+//! `block_hashes` with `num_tokens` (see `block_lists`; nodes they do not fit are no-signal rows), with at most `top_k`
 //! and the semantics (`hma` or `prefix-per-group`) beside it, while the plan matches the index's
 //! generation, every cohort takes the native path and no in-flight guess exists. Anything else
 //! returns None and the server hands the request to the Python app, which answers it as before
@@ -71,6 +71,8 @@ pub struct Plan {
     pub nodes: Vec<NodePlan>,
     /// The answer's `no_signal` array, sorted by node id.
     pub no_signal: String,
+    /// The same entries one by one (node id, entry JSON), for an answer that adds its own.
+    pub no_signal_entries: Vec<(String, String)>,
     /// The answer's `model` field.
     pub model: String,
     pub layouts: Vec<Layout>,
@@ -238,30 +240,56 @@ pub(crate) fn round9(x: f64) -> f64 {
 
 /// A cohort's lists from a block-hash request, as `processors/router/decide.py: _hash_cohorts` makes
 /// them for the cohort's layout (`groups`: its groups and block sizes): each group its own list, a
-/// group the request does not name the list of the first named group with its block size. None
-/// where Python's rows would not be the common answer: a named group the layout lacks or a list
-/// whose length is not `num_tokens` // its block size (those nodes become no-signal rows, or the
-/// request a 400), a group left without a list (a "partial" row, not exact).
+/// group the request does not name the list of the first named group with its block size.
+/// `Err(Some(reason))` where the lists do not fit the layout, with the reason
+/// `processors/router/request.py: check_group_lists` gives (the cohort's nodes become no-signal
+/// rows); `Err(None)` where a group is left without a list (Python's row is "partial", not exact:
+/// Python answers).
 fn block_lists(
     given: &[(u64, Vec<u64>)],
     groups: &[(u64, usize)],
     num_tokens: i64,
-) -> Option<Vec<(u64, Vec<u64>)>> {
+) -> Result<Vec<(u64, Vec<u64>)>, Option<String>> {
     let size = |g: u64| groups.iter().find(|&&(h, _)| h == g).map(|&(_, bs)| bs);
+    let unknown: Vec<u64> = given
+        .iter()
+        .map(|&(g, _)| g)
+        .filter(|&g| size(g).is_none())
+        .collect();
+    if !unknown.is_empty() {
+        let mut known: Vec<u64> = groups.iter().map(|&(g, _)| g).collect();
+        known.sort_unstable();
+        return Err(Some(format!(
+            "groups {} are not among the node's groups {}",
+            py_list(&unknown),
+            py_list(&known)
+        )));
+    }
     for (g, list) in given {
-        let bs = size(*g)? as i64;
-        if list.len() as i64 != num_tokens / bs {
-            return None;
+        let bs = size(*g).expect("every given group checked above");
+        let want = num_tokens / bs as i64;
+        if list.len() as i64 != want {
+            return Err(Some(format!(
+                "group {g}: {} hashes, expected {want} (num_tokens {num_tokens} // block size {bs}: \
+                 one hash per full block of that group)",
+                list.len()
+            )));
         }
     }
     groups
         .iter()
         .map(|&(g, bs)| {
             let own = given.iter().find(|(h, _)| *h == g);
-            let list = own.or_else(|| given.iter().find(|(h, _)| size(*h) == Some(bs)))?;
-            Some((g, list.1.clone()))
+            let list = own.or_else(|| given.iter().find(|(h, _)| size(*h) == Some(bs)));
+            list.map(|(_, l)| (g, l.clone())).ok_or(None)
         })
         .collect()
+}
+
+/// A list of ints as Python prints it: `[0, 1]`.
+fn py_list(xs: &[u64]) -> String {
+    let items: Vec<String> = xs.iter().map(|x| x.to_string()).collect();
+    format!("[{}]", items.join(", "))
 }
 
 pub(crate) fn tier(l: &Live, now: f64, stale: Option<&(f64, String)>) -> u8 {
@@ -391,6 +419,10 @@ fn decide(
         best: Vec::new(),
     });
     let mut held_bound = vec![0i64; plan.configs.len()];
+    // block-hash requests: the nodes whose layout the lists do not fit (Python's no-signal rows,
+    // cause "lists"), and whether any cohort was searched
+    let mut misfits: Vec<(usize, String)> = Vec::new();
+    let mut searched = false;
     {
         for c in &plan.cohorts {
             let unit = plan.configs[c.config].unit;
@@ -399,7 +431,15 @@ fn decide(
             let mut given_lens: Vec<usize> = Vec::new();
             let lists: Vec<(u64, Vec<u64>)> = match prompt {
                 Prompt::Blocks { lists, .. } => {
-                    let mut own = block_lists(lists, &c.groups, num_tokens)?;
+                    let mut own = match block_lists(lists, &c.groups, num_tokens) {
+                        Ok(own) => own,
+                        Err(Some(reason)) => {
+                            misfits.extend(c.nodes.iter().map(|&node| (node, reason.clone())));
+                            touched_sets.push(vec![true; c.nodes.len()]); // never ranked
+                            continue;
+                        }
+                        Err(None) => return None,
+                    };
                     given_lens = own.iter().map(|(_, l)| l.len()).collect();
                     let cut = reach[c.config]
                         .as_ref()
@@ -476,6 +516,7 @@ fn decide(
             if out.iter().any(|n| n.groups.iter().any(unnamed)) {
                 return None;
             }
+            searched = true;
             let mut touched = vec![false; c.nodes.len()];
             for &(m, bound) in &skipped {
                 touched[m] = true;
@@ -502,6 +543,9 @@ fn decide(
         }
     }
     drop(st);
+    if !searched {
+        return None; // no layout the lists fit: Python's 400 names the first misfit
+    }
     // A node holding nothing can win only when no live row with a positive score exists (loads are
     // never negative: the index refuses them; the weights are the defaults).
     if !rows.iter().any(|r| r.score > 0.0 && r.tier == 0) {
@@ -577,6 +621,7 @@ fn decide(
     } else {
         (Vec::new(), 0.0)
     };
+    let no_signal = (!misfits.is_empty()).then(|| no_signal_with(plan, &misfits));
     Some(write_answer(
         plan,
         live,
@@ -588,7 +633,37 @@ fn decide(
         search_s,
         now,
         ask.prefixes,
+        no_signal.as_deref().unwrap_or(&plan.no_signal),
     ))
+}
+
+/// The answer's `no_signal` array with the misfit nodes' entries (`decide.finish` sorts every
+/// entry by node id; a node is never in both lists: misfits are eligible, the plan's are not).
+fn no_signal_with(plan: &Plan, misfits: &[(usize, String)]) -> String {
+    let mut entries: Vec<(&str, String)> = plan
+        .no_signal_entries
+        .iter()
+        .map(|(id, json)| (id.as_str(), json.clone()))
+        .collect();
+    for (node, reason) in misfits {
+        let id = plan.nodes[*node].id.as_str();
+        let mut json = String::from("{\"node_id\":");
+        crate::answer::push_str_json(&mut json, id);
+        json.push_str(",\"reason\":");
+        crate::answer::push_str_json(&mut json, reason);
+        json.push_str(",\"cause\":\"lists\"}");
+        entries.push((id, json));
+    }
+    entries.sort_by(|a, b| a.0.cmp(b.0));
+    let mut out = String::from("[");
+    for (i, (_, json)) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(json);
+    }
+    out.push(']');
+    out
 }
 
 /// The keys of a token-id prompt's chain for configuration `cfg` (its digests kept in `digests`),

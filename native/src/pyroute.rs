@@ -65,7 +65,7 @@ impl NativeRouter {
     /// A new plan (see `decide::Plan`), with the live state of its nodes in plan order.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (generation, engine, configs, cohorts, nodes, no_signal, model, media_rank, media,
-                        stale_after, live, block_routes=false))]
+                        stale_after, live, block_routes=false, no_signal_entries=None))]
     fn set_plan(
         &self,
         generation: u64,
@@ -80,6 +80,7 @@ impl NativeRouter {
         stale_after: Option<(f64, String)>,
         live: Vec<LiveArgs>,
         block_routes: bool,
+        no_signal_entries: Option<Vec<(String, String)>>,
     ) -> PyResult<()> {
         if live.len() != nodes.len() {
             return Err(err("live state and nodes differ in length".into()));
@@ -143,6 +144,7 @@ impl NativeRouter {
                 .map(|(id, head)| NodePlan { id, head })
                 .collect(),
             no_signal,
+            no_signal_entries: no_signal_entries.unwrap_or_default(),
             model,
             layouts,
             media_rank,

@@ -115,7 +115,8 @@ class NativeRoute:
                              [(n.node_id, _head(_row(n), "state")) for n in nodes],
                              _encode(no_signal).decode(), _encode(model).decode(),
                              list(store.media_rank()), list(store.media), stale,
-                             [_live(n) for n in nodes], block_routes=not planned.config_problems)
+                             [_live(n) for n in nodes], block_routes=not planned.config_problems,
+                             no_signal_entries=[(n.node_id, _encode(n).decode()) for n in no_signal])
         self.servable, self.why_not = True, ""
 
 

@@ -24,6 +24,7 @@ from kvpipe.processors.router.hits import HitSearch
 from kvpipe.processors.router.inflight import InFlight
 from kvpipe.processors.router.model import RouteRequest
 from kvpipe.processors.router.serving import NodeLoads
+from tests.unit.router.router_fixtures import Publisher, fa, swa
 from tests.nativecheck import require_native_core
 
 require_native_core()
@@ -186,6 +187,47 @@ def test_block_hashes_it_does_not_model_go_to_python():
     for bad in ([-1], ["0xabc"], [1.5], [1 << 64]):
         raw = json.dumps({"block_hashes": {"0": bad + lists[0][1:], "1": lists[1], "2": lists[2]}, "num_tokens": n})
         assert path.answer(raw.encode()) is None, bad
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_block_hashes_name_nodes_of_another_layout_as_python_does(seed):
+    """Nodes whose layout the lists do not fit are no-signal rows (cause "lists") beside the others' answer: here
+    nodes that run full attention alone (a group they lack), or full attention at 32 tokens a block beside a window
+    at 16 (lists of the wrong length), beside the fleet."""
+    rng, index, docs = _fleet(seed)
+    cfg = bench.CONFIGS[0]
+    layouts = {"fa-only": [fa(0, 16)], "fa32": [fa(0, 32), swa(1, 16, 48)]}
+    now = time.time()
+    for i, (name, specs) in enumerate(sorted(layouts.items()) * 2):
+        doc = docs[i % len(docs)]
+        views = ViewCache(hash_request_blocks(hasher_from_config(cfg), doc, 16), 16)
+        lists = {s.group_idx: [external_hash(h, True) for h in views.at(s.block_size)] for s in specs}
+        node = f"node-{name}-{i}"  # sorts among the fleet's nodes
+        Publisher(index, node, specs, cfg, model="bench", ts=now).store(lists, {(0, "GPU"): range(len(lists[0]) // 2)})
+        index.nodes[node].last_seen = now
+    path = native.NativeRoute(index, HitSearch("native"), STALE)
+    path.refresh(None)
+    assert path.router.ready, path.why_not
+    checked = 0
+    for tokens in bench.prompts(docs, 4, rng) + [docs[0]]:
+        lists = _blocks(index, tokens)
+        named = {0: lists[0], 1: lists[1]} if seed % 2 else lists  # group 1 alone may also be unknown to them
+        for top_k in (None, 1):
+            req = RouteRequest(block_hashes=named, num_tokens=len(tokens), top_k=top_k)
+            body = msgspec.json.encode(req)
+            got = path.answer(body)
+            assert got is not None, (seed, top_k)
+            plain, want = _settled(lambda: _plain(path.answer(body)), lambda: _python(index, req))
+            assert plain == want, (seed, top_k)
+            misfit = [n for n in want["no_signal"] if n["cause"] == "lists"]
+            assert len(misfit) == 4 and all("not among the node's groups" in n["reason"] or "expected" in n["reason"]
+                                            for n in misfit), misfit
+            checked += 1
+    assert checked == 2 * 5
+    # lists no node's layout fits: Python's 400 names the first misfit
+    doc = docs[0]
+    wrong = {0: _blocks(index, doc)[0][:-1]}
+    assert path.answer(msgspec.json.encode(RouteRequest(block_hashes=wrong, num_tokens=len(doc)))) is None
 
 
 def test_block_hashes_go_to_python_while_a_node_has_no_usable_hash_configuration():
