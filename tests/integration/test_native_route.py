@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import time
 import uuid
 
 import msgspec
@@ -64,10 +65,28 @@ def served(kafka_bootstrap: str, tmp_path_factory):
     proc.start()
     try:
         proc.wait_offsets({p: ends.get(p, 0) for p in range(2)}, timeout=120)
+        _wait_native(proc, route_port, bench.prompts(docs, 1, random.Random(0))[0])
         yield proc, route_port, docs, rng
     finally:
         proc.stop()
         topics.delete()
+
+
+def _wait_native(proc: ProcessorProcess, route_port: int, tokens: list[int], timeout_s: float = 60.0) -> None:
+    """Until the route port answers a request natively. The fleet applied, the native plan of the index's last
+    generation is exported at the app's next refresh (every few ms); until then the route port passes requests
+    to the web port, by design (docs/architecture.md §5)."""
+    conn = Conn(route_port)
+    body = msgspec.json.encode(RouteRequest(token_ids=tokens, top_k=1))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        before = proc.get("/stats")["route_server"]["requests"].get("native", 0)
+        status, _ = conn.post("/route", body)
+        assert status == 200
+        if proc.get("/stats")["route_server"]["requests"].get("native", 0) > before:
+            return
+        assert time.monotonic() < deadline, "the route port never answered natively"
+        time.sleep(0.02)
 
 
 def test_the_route_port_answers_as_the_web_port(served):
