@@ -71,12 +71,20 @@ impl<'a> Reader<'a> {
         // byte-at-a-time loop spent ~1 ns a digit, ~3 µs of a 128-hash chain's decision
         while let Some(word) = self.b.get(self.i..self.i + 8) {
             let x = u64::from_le_bytes(word.try_into().expect("eight bytes"));
-            if !eight_digits(x) {
+            let n = leading_digits(x);
+            if n < 8 {
+                // the last one to seven digits in one step too, as eight with leading zeros
+                if n > 0 {
+                    let padded = (x << (8 * (8 - n))) | ((0x30 * ONES) >> (8 * n));
+                    v = v.checked_mul(POW10[n])?.checked_add(eight_value(padded))?;
+                    self.i += n;
+                }
                 break;
             }
             v = v.checked_mul(100_000_000)?.checked_add(eight_value(x))?;
             self.i += 8;
         }
+        // near the end of the body, a byte at a time
         while let Some(&c) = self.b.get(self.i) {
             let d = c.wrapping_sub(b'0');
             if d > 9 {
@@ -116,7 +124,9 @@ impl<'a> Reader<'a> {
     /// `[` items `]` with `item` reading each one.
     fn array<T>(&mut self, mut item: impl FnMut(&mut Self) -> Option<T>) -> Option<Vec<T>> {
         self.eat(b'[')?;
-        let mut out = Vec::new();
+        // room for as many items as the rest of the body could hold at ~20 bytes each (hashes): one
+        // allocation where growing by doubling took eight for a 128-hash chain
+        let mut out = Vec::with_capacity(((self.b.len() - self.i) / 20).min(1 << 16));
         self.ws();
         if self.eat(b']').is_some() {
             return Some(out);
@@ -139,12 +149,19 @@ impl<'a> Reader<'a> {
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 
-/// Whether every byte of `x` is an ASCII digit.
+/// How many of `x`'s bytes, from the first (lowest address), are ASCII digits before another byte.
 #[inline]
-fn eight_digits(x: u64) -> bool {
-    const HIGH: u64 = 0xF0 * ONES;
-    (x & HIGH) | (((x.wrapping_add(0x06 * ONES)) & HIGH) >> 4) == 0x33 * ONES
+fn leading_digits(x: u64) -> usize {
+    // a byte b is a digit when t = b ^ '0' is at most 9: no high nibble in t, none in t + 6. Bytes
+    // before the first non-digit are digits, whose t + 6 carries nothing upwards, so that byte's
+    // own test is exact (bytes after it may be flagged wrongly, and are not looked at)
+    let t = x ^ (0x30 * ONES);
+    let flagged = (t | t.wrapping_add(0x06 * ONES)) & (0xF0 * ONES);
+    (flagged.trailing_zeros() / 8) as usize
 }
+
+/// 10^n for the digits of a partial word.
+const POW10: [u64; 8] = [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000];
 
 /// The number eight ASCII digits spell, the first one (lowest address) the most significant.
 #[inline]
@@ -584,8 +601,9 @@ mod tests {
             let n = next() % 100_000_000;
             let text = format!("{n:08}");
             let x = u64::from_le_bytes(text.as_bytes().try_into().unwrap());
-            assert!(eight_digits(x), "{text}");
+            assert_eq!(leading_digits(x), 8, "{text}");
             assert_eq!(eight_value(x), n, "{text}");
+            // any byte after the first non-digit, digit or not, leaves the count where it is
             let mut bytes = text.into_bytes();
             let at = (next() % 8) as usize;
             bytes[at] = loop {
@@ -594,7 +612,13 @@ mod tests {
                     break c;
                 }
             };
-            assert!(!eight_digits(u64::from_le_bytes(bytes.try_into().unwrap())));
+            for b in &mut bytes[at + 1..] {
+                *b = (next() % 256) as u8;
+            }
+            assert_eq!(
+                leading_digits(u64::from_le_bytes(bytes.try_into().unwrap())),
+                at
+            );
         }
     }
 
