@@ -256,25 +256,18 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
             cfg = CONFIGS[0]
             chain: list[int | str] = [h if isinstance(h, int) else "0x" + h.hex() for h in (
                 external_hash(d, True) for d in hash_request_blocks(fa_hasher, tokens, cfg.hash_block_size))]
-            for name, k, want in (("units_decision", 1, one), ("units_full", None, first)):
-                body = _ENCODE(RouteRequest(unit_hashes=chain, hash_block_size=cfg.hash_block_size,
-                                            num_tokens=len(tokens), top_k=k))
-                t = time.perf_counter()
-                got = path.answer(body)
-                native_times[name].append(time.perf_counter() - t)
-                same = got is not None and _DECODE(got)["nodes"] == _DECODE(_ENCODE(want))["nodes"]
-                if not same:
-                    raise RuntimeError(f"request {r}: the native {name} differs from the token-id answer")
-            # the same prompt as per-group block hashes (a router that hashes per group itself)
-            lists = group_lists(chain, specs)
-            for name, k, want in (("blocks_decision", 1, one), ("blocks_full", None, first)):
-                body = _ENCODE(RouteRequest(block_hashes=lists, num_tokens=len(tokens), top_k=k))
-                t = time.perf_counter()
-                got = path.answer(body)
-                native_times[name].append(time.perf_counter() - t)
-                same = got is not None and _DECODE(got)["nodes"] == _DECODE(_ENCODE(want))["nodes"]
-                if not same:
-                    raise RuntimeError(f"request {r}: the native {name} differs from the token-id answer")
+            # and as per-group block hashes (a router that hashes per group itself)
+            forms = {"units": {"unit_hashes": chain, "hash_block_size": cfg.hash_block_size},
+                     "blocks": {"block_hashes": group_lists(chain, specs)}}
+            for form, fields in forms.items():
+                for name, k, want in ((f"{form}_decision", 1, one), (f"{form}_full", None, first)):
+                    body = _ENCODE(RouteRequest(**fields, num_tokens=len(tokens), top_k=k))
+                    t = time.perf_counter()
+                    got = path.answer(body)
+                    native_times[name].append(time.perf_counter() - t)
+                    same = got is not None and _DECODE(got)["nodes"] == _DECODE(_ENCODE(want))["nodes"]
+                    if not same:
+                        raise RuntimeError(f"request {r}: the native {name} differs from the token-id answer")
             # a prompt no node holds, as long: every node is ranked by load alone
             uncached = [fresh.randrange(150_000) for _ in tokens]
             req = RouteRequest(token_ids=uncached, top_k=1)

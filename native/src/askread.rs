@@ -147,6 +147,35 @@ impl<'a> Reader<'a> {
     }
 }
 
+impl<'a> Reader<'a> {
+    /// `{` `"key": value` pairs `}`, each value read by `field` (given its key); None where `field`
+    /// gives up or the object is not plain JSON.
+    fn object(&mut self, mut field: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+        self.eat(b'{')?;
+        self.ws();
+        if self.eat(b'}').is_some() {
+            return Some(());
+        }
+        loop {
+            self.ws();
+            let key = self.plain_str()?;
+            self.ws();
+            self.eat(b':')?;
+            self.ws();
+            field(self, key)?;
+            self.ws();
+            match self.peek()? {
+                b',' => self.i += 1,
+                b'}' => {
+                    self.i += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
 const ONES: u64 = 0x0101_0101_0101_0101;
 
 /// How many of `x`'s bytes, from the first (lowest address), are ASCII digits before another byte.
@@ -368,40 +397,24 @@ fn digits_value(v: u64) -> i64 {
 /// `{"<group>": [hashes], ...}`, sorted by group; None for a key not plainly written, a group
 /// twice, or a hash `unit_key` does not take.
 fn group_lists(r: &mut Reader) -> Option<Vec<(u64, Vec<UnitKey>)>> {
-    r.eat(b'{')?;
     let mut out: Vec<(u64, Vec<UnitKey>)> = Vec::new();
-    r.ws();
-    if r.eat(b'}').is_none() {
-        loop {
-            r.ws();
-            let key = r.plain_str()?.as_bytes();
-            let plain = !key.is_empty()
-                && key.len() <= 18
-                && key.iter().all(u8::is_ascii_digit)
-                && (key.len() == 1 || key[0] != b'0');
-            if !plain {
-                return None;
-            }
-            let group = key.iter().fold(0u64, |v, &d| v * 10 + (d - b'0') as u64);
-            r.ws();
-            r.eat(b':')?;
-            r.ws();
-            let keys = r.array(unit_key)?;
-            if out.iter().any(|(g, _)| *g == group) {
-                return None;
-            }
-            out.push((group, keys));
-            r.ws();
-            match r.peek()? {
-                b',' => r.i += 1,
-                b'}' => {
-                    r.i += 1;
-                    break;
-                }
-                _ => return None,
-            }
+    r.object(|r, key| {
+        let key = key.as_bytes();
+        let plain = !key.is_empty()
+            && key.len() <= 18
+            && key.iter().all(u8::is_ascii_digit)
+            && (key.len() == 1 || key[0] != b'0');
+        if !plain {
+            return None;
         }
-    }
+        let group = key.iter().fold(0u64, |v, &d| v * 10 + (d - b'0') as u64);
+        let keys = r.array(unit_key)?;
+        if out.iter().any(|(g, _)| *g == group) {
+            return None;
+        }
+        out.push((group, keys));
+        Some(())
+    })?;
     out.sort_unstable_by_key(|(g, _)| *g);
     Some(out)
 }
@@ -421,65 +434,48 @@ pub(crate) fn read(body: &[u8]) -> Option<Request> {
     let mut req = Request::default();
     let mut seen = 0u8;
     r.ws();
-    r.eat(b'{')?;
-    r.ws();
-    if r.eat(b'}').is_none() {
-        loop {
-            r.ws();
-            let key = r.plain_str()?;
-            r.ws();
-            r.eat(b':')?;
-            r.ws();
-            let bit = match key {
-                "token_ids" => {
-                    req.token_ids = Some(r.int_array()?);
-                    1
-                }
-                "unit_hashes" => {
-                    req.unit_hashes = Some(r.array(unit_key)?);
-                    2
-                }
-                "hash_block_size" => {
-                    req.hash_block_size = Some(r.int()?);
-                    4
-                }
-                "block_hashes" => {
-                    req.block_hashes = Some(group_lists(&mut r)?);
-                    64
-                }
-                "num_tokens" => {
-                    req.num_tokens = Some(r.int()?);
-                    8
-                }
-                "top_k" => {
-                    req.top_k = Some(r.int()?);
-                    16
-                }
-                "semantics" => {
-                    req.semantics = match r.plain_str()? {
-                        "hma" => Semantics::Hma,
-                        "prefix-per-group" => Semantics::PrefixPerGroup,
-                        _ => return None,
-                    };
-                    32
-                }
-                _ => return None,
-            };
-            if seen & bit != 0 {
-                return None;
+    r.object(|r, key| {
+        let bit = match key {
+            "token_ids" => {
+                req.token_ids = Some(r.int_array()?);
+                1
             }
-            seen |= bit;
-            r.ws();
-            match r.peek()? {
-                b',' => r.i += 1,
-                b'}' => {
-                    r.i += 1;
-                    break;
-                }
-                _ => return None,
+            "unit_hashes" => {
+                req.unit_hashes = Some(r.array(unit_key)?);
+                2
             }
+            "hash_block_size" => {
+                req.hash_block_size = Some(r.int()?);
+                4
+            }
+            "block_hashes" => {
+                req.block_hashes = Some(group_lists(r)?);
+                64
+            }
+            "num_tokens" => {
+                req.num_tokens = Some(r.int()?);
+                8
+            }
+            "top_k" => {
+                req.top_k = Some(r.int()?);
+                16
+            }
+            "semantics" => {
+                req.semantics = match r.plain_str()? {
+                    "hma" => Semantics::Hma,
+                    "prefix-per-group" => Semantics::PrefixPerGroup,
+                    _ => return None,
+                };
+                32
+            }
+            _ => return None,
+        };
+        if seen & bit != 0 {
+            return None;
         }
-    }
+        seen |= bit;
+        Some(())
+    })?;
     r.ws();
     (r.i == body.len()).then_some(req)
 }

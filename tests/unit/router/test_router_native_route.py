@@ -93,29 +93,41 @@ def _chain(tokens: list[int], as_bytes: bool = False) -> list:
     return ["0x" + d.hex() if as_bytes else external_hash(d, True) for d in digests]
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_native_answers_to_a_unit_chain_equal_the_python_path(seed):
+def _same_as_python_and(path, index, req: RouteRequest, other: RouteRequest) -> dict:
+    """A request with its hashes ready made: answered natively, hashing nothing, as Python answers it, and with the
+    same nodes, rows and choice as `other`, the same prompt in another form. Returns Python's answer."""
+    body = msgspec.json.encode(req)
+    got = path.answer(body)
+    assert got is not None, req
+    assert json.loads(got)["hashing_s"] == 0.0
+    plain, want = _settled(lambda: _plain(path.answer(body)), lambda: _python(index, req))
+    assert plain == want, (req.top_k, req.num_tokens)
+    assert want["hash_configs"] == []
+    theirs, ours = _settled(lambda: _python(index, other), lambda: _python(index, req))
+    assert (theirs["nodes"], theirs["chosen"]) == (ours["nodes"], ours["chosen"])
+    return want
+
+
+def _hashed_prompts(seed: int, short: int):
+    """A seeded fleet, its native route path, and prompts for the hash forms: cached ones, one no node holds, and
+    two short ones (`short` tokens: one block of the widest group, and 40)."""
     rng, index, docs = _fleet(seed)
     path = native.NativeRoute(index, HitSearch("native"), STALE)
     path.refresh(None)
     uncached = [[rng.randrange(50_000, 60_000) for _ in range(300)]]
+    return index, path, bench.prompts(docs, 6, rng) + uncached + [[7] * short, [7] * 40]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_native_answers_to_a_unit_chain_equal_the_python_path(seed):
+    index, path, prompts = _hashed_prompts(seed, 16)
     checked = 0
-    for i, tokens in enumerate(bench.prompts(docs, 6, rng) + uncached + [[7] * 16, [7] * 40]):
+    for i, tokens in enumerate(prompts):
         for top_k in (None, 1, 3):
             req = RouteRequest(unit_hashes=_chain(tokens, as_bytes=i % 2 == 1), hash_block_size=16,
                                num_tokens=len(tokens), top_k=top_k,
                                semantics="prefix-per-group" if top_k == 3 else "hma")
-            body = msgspec.json.encode(req)
-            got = path.answer(body)
-            assert got is not None, (seed, top_k, i)
-            assert json.loads(got)["hashing_s"] == 0.0
-            plain, want = _settled(lambda: _plain(path.answer(body)), lambda: _python(index, req))
-            assert plain == want, (seed, top_k, len(tokens))
-            assert want["hash_configs"] == []
-            # the same prompt as token ids: the same nodes, rows and scores
-            as_tokens = RouteRequest(token_ids=tokens, top_k=top_k, semantics=req.semantics)
-            by_tokens, by_units = _settled(lambda: _python(index, as_tokens), lambda: _python(index, req))
-            assert (by_tokens["nodes"], by_tokens["chosen"]) == (by_units["nodes"], by_units["chosen"])
+            _same_as_python_and(path, index, req, RouteRequest(token_ids=tokens, top_k=top_k, semantics=req.semantics))
             checked += 1
     assert checked == 3 * 9
 
@@ -132,30 +144,19 @@ def _blocks(index, tokens: list[int], as_bytes: bool = False) -> dict[int, list]
 
 @pytest.mark.parametrize("seed", range(4))
 def test_native_answers_to_block_hashes_equal_the_python_path(seed):
-    rng, index, docs = _fleet(seed)
-    path = native.NativeRoute(index, HitSearch("native"), STALE)
-    path.refresh(None)
-    uncached = [[rng.randrange(50_000, 60_000) for _ in range(300)]]
+    index, path, prompts = _hashed_prompts(seed, 32)
     checked = 0
-    for i, tokens in enumerate(bench.prompts(docs, 6, rng) + uncached + [[7] * 32, [7] * 40]):
+    for i, tokens in enumerate(prompts):
         lists = _blocks(index, tokens, as_bytes=i % 2 == 1)
         # a group left out borrows the list of a named group with its block size (the fleet's windows: 32 and 16)
         named = {g: v for g, v in lists.items() if g != 2} if i % 3 == 1 and 2 in lists else lists
         for top_k in (None, 1, 3):
             req = RouteRequest(block_hashes=named, num_tokens=len(tokens), top_k=top_k,
                                semantics="prefix-per-group" if top_k == 3 else "hma")
-            body = msgspec.json.encode(req)
-            got = path.answer(body)
-            assert got is not None, (seed, top_k, i)
-            assert json.loads(got)["hashing_s"] == 0.0
-            plain, want = _settled(lambda: _plain(path.answer(body)), lambda: _python(index, req))
-            assert plain == want, (seed, top_k, len(tokens), sorted(named))
-            assert want["hash_configs"] == [] and all(row["exact"] for row in want["nodes"])
-            # the same prompt as its unit chain: the same nodes, rows and scores
-            as_units = RouteRequest(unit_hashes=_chain(tokens), hash_block_size=16, num_tokens=len(tokens),
-                                    top_k=top_k, semantics=req.semantics)
-            by_units, by_blocks = _settled(lambda: _python(index, as_units), lambda: _python(index, req))
-            assert (by_units["nodes"], by_units["chosen"]) == (by_blocks["nodes"], by_blocks["chosen"])
+            want = _same_as_python_and(path, index, req, RouteRequest(
+                unit_hashes=_chain(tokens), hash_block_size=16, num_tokens=len(tokens), top_k=top_k,
+                semantics=req.semantics))
+            assert all(row["exact"] for row in want["nodes"]), sorted(named)
             checked += 1
     assert checked == 3 * 9
 
