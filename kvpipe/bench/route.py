@@ -257,8 +257,9 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
             chain: list[int | str] = [h if isinstance(h, int) else "0x" + h.hex() for h in (
                 external_hash(d, True) for d in hash_request_blocks(fa_hasher, tokens, cfg.hash_block_size))]
             # and as per-group block hashes (a router that hashes per group itself)
-            forms = {"units": {"unit_hashes": chain, "hash_block_size": cfg.hash_block_size},
-                     "blocks": {"block_hashes": group_lists(chain, specs)}}
+            forms: dict[str, dict[str, Any]] = {
+                "units": {"unit_hashes": chain, "hash_block_size": cfg.hash_block_size},
+                "blocks": {"block_hashes": group_lists(chain, specs)}}
             for form, fields in forms.items():
                 for name, k, want in ((f"{form}_decision", 1, one), (f"{form}_full", None, first)):
                     body = _ENCODE(RouteRequest(**fields, num_tokens=len(tokens), top_k=k))
