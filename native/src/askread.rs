@@ -394,11 +394,19 @@ fn digits_value(v: u64) -> i64 {
     v as u32 as i64
 }
 
+/// Groups a block-hash request may name and still be read here.
+const MAX_GROUPS: usize = 64;
+
 /// `{"<group>": [hashes], ...}`, sorted by group; None for a key not plainly written, a group
-/// twice, or a hash `unit_key` does not take.
+/// twice, more than `MAX_GROUPS` groups, or a hash `unit_key` does not take.
 fn group_lists(r: &mut Reader) -> Option<Vec<(u64, Vec<UnitKey>)>> {
     let mut out: Vec<(u64, Vec<UnitKey>)> = Vec::new();
     r.object(|r, key| {
+        // more groups than any layout has: Python's to answer (the check for a group twice below
+        // stays small, and so do the reasons a misfit row quotes the groups in)
+        if out.len() == MAX_GROUPS {
+            return None;
+        }
         let key = key.as_bytes();
         let plain = !key.is_empty()
             && key.len() <= 18
@@ -635,6 +643,15 @@ mod tests {
         );
         assert_eq!(req.num_tokens, Some(48));
         assert!(serde_view(body).is_none(), "serde never takes them");
+        let many = |n: usize| {
+            let groups: Vec<String> = (0..n).map(|g| format!(r#""{g}":[1]"#)).collect();
+            format!(
+                r#"{{"block_hashes":{{{}}},"num_tokens":16}}"#,
+                groups.join(",")
+            )
+        };
+        assert!(read(many(MAX_GROUPS).as_bytes()).is_some());
+        assert!(read(many(MAX_GROUPS + 1).as_bytes()).is_none());
         for key in [
             "00",
             "-1",
