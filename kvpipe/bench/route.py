@@ -428,8 +428,8 @@ def run(nodes: int = 256, requests: int = 200, documents: int = 64, prompt_token
 def group_lists(chain: list, specs: list[GroupSpec]) -> dict[int, list]:
     """Each group's block hashes from the prompt's hash-unit chain (wire form): the chain's view at the group's block
     size (every k-th unit hash, k = block size / unit), the lists a router hashing per group sends as `block_hashes`."""
-    unit = CONFIGS[0].hash_block_size
-    return {s.group_idx: chain[s.block_size // unit - 1::s.block_size // unit] for s in specs}
+    views = ViewCache(chain, CONFIGS[0].hash_block_size)
+    return {s.group_idx: list(views.at(s.block_size)) for s in specs}
 
 
 def _warm_calls(path: NativeRoute, cold: NativeRoute, tokens: list[int], fa_wire: list, prefix_body: bytes,

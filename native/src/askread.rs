@@ -124,9 +124,10 @@ impl<'a> Reader<'a> {
     /// `[` items `]` with `item` reading each one.
     fn array<T>(&mut self, mut item: impl FnMut(&mut Self) -> Option<T>) -> Option<Vec<T>> {
         self.eat(b'[')?;
-        // room for as many items as the rest of the body could hold at ~20 bytes each (hashes): one
-        // allocation where growing by doubling took eight for a 128-hash chain
-        let mut out = Vec::with_capacity(((self.b.len() - self.i) / 20).min(1 << 16));
+        // room for as many items as the rest of the body could hold at ~20 bytes each (hashes), up
+        // to 1 024: one allocation where growing by doubling took eight for a 128-hash chain, and a
+        // body of many small arrays never reserves more than 8 KiB a array ahead of its items
+        let mut out = Vec::with_capacity(((self.b.len() - self.i) / 20).min(1024));
         self.ws();
         if self.eat(b']').is_some() {
             return Some(out);

@@ -19,6 +19,7 @@
 //! (its 400s included). `tests/unit/router/test_router_native_route.py` holds both answers equal
 //! on seeded fleets, in all three prompt forms and both semantics.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -245,11 +246,11 @@ pub(crate) fn round9(x: f64) -> f64 {
 /// `processors/router/request.py: check_group_lists` gives (the cohort's nodes become no-signal
 /// rows); `Err(None)` where a group is left without a list (Python's row is "partial", not exact:
 /// Python answers).
-fn block_lists(
-    given: &[(u64, Vec<u64>)],
+fn block_lists<'a>(
+    given: &'a [(u64, Vec<u64>)],
     groups: &[(u64, usize)],
     num_tokens: i64,
-) -> Result<Vec<(u64, Vec<u64>)>, Option<String>> {
+) -> Result<Vec<(u64, &'a [u64])>, Option<String>> {
     let size = |g: u64| groups.iter().find(|&&(h, _)| h == g).map(|&(_, bs)| bs);
     let unknown: Vec<u64> = given
         .iter()
@@ -281,7 +282,7 @@ fn block_lists(
         .map(|&(g, bs)| {
             let own = given.iter().find(|(h, _)| *h == g);
             let list = own.or_else(|| given.iter().find(|(h, _)| size(*h) == Some(bs)));
-            list.map(|(_, l)| (g, l.clone())).ok_or(None)
+            list.map(|(_, l)| (g, &l[..])).ok_or(None)
         })
         .collect()
 }
@@ -331,8 +332,8 @@ fn decide(
     let t_hash = Instant::now();
     let n = plan.configs.len();
     // per configuration: the chain's 64-bit keys (the digest's last 8 bytes, as the store keys
-    // them), up to where `reach.rs` says no node can use more
-    let mut chains: Vec<Option<Vec<u64>>> = vec![None; n];
+    // them), up to where `reach.rs` says no node can use more; a request's own chain is borrowed
+    let mut chains: Vec<Option<Cow<[u64]>>> = vec![None; n];
     // per configuration, for a token-id prompt: its digests, to remember the held prefix's units
     let mut digests: Vec<Option<hashmemo::Chain>> = (0..n).map(|_| None).collect();
     // per configuration: the prompt's whole units (the answer's `hash_blocks`), 0 where unused
@@ -367,17 +368,23 @@ fn decide(
             (Prompt::Tokens(tokens), Some(r)) => {
                 let mut holds = |g, k| read(store).holds_any(g, k);
                 let mut more = |u, key| r.more(&mut holds, u, key);
-                token_chain(tokens, &plan.configs[i], memo, &mut digests[i], &mut more)?
+                Cow::Owned(token_chain(
+                    tokens,
+                    &plan.configs[i],
+                    memo,
+                    &mut digests[i],
+                    &mut more,
+                )?)
             }
-            (Prompt::Tokens(tokens), None) => token_chain(
+            (Prompt::Tokens(tokens), None) => Cow::Owned(token_chain(
                 tokens,
                 &plan.configs[i],
                 memo,
                 &mut digests[i],
                 &mut |_, _| true,
-            )?,
-            (Prompt::Units { keys, .. }, _) => keys.clone(),
-            (Prompt::Blocks { .. }, _) => Vec::new(),
+            )?),
+            (Prompt::Units { keys, .. }, _) => Cow::Borrowed(&keys[..]),
+            (Prompt::Blocks { .. }, _) => Cow::Borrowed(&[][..]),
         });
     }
     let st = read(store);
@@ -386,8 +393,8 @@ fn decide(
         match prompt {
             // a few lookups (a bisection): under the search's lock
             Prompt::Units { keys, .. } => {
-                if let Some(chain) = chains[i].as_mut() {
-                    chain.truncate(r.cut(&st, keys));
+                if chains[i].is_some() {
+                    chains[i] = Some(Cow::Borrowed(&keys[..r.cut(&st, keys)]));
                 }
             }
             // a block that ended the chain was stored since: the chain again, under this lock
@@ -395,13 +402,13 @@ fn decide(
                 r.reset();
                 let mut holds = |g, k| st.holds_any(g, k);
                 let mut more = |u, key| r.more(&mut holds, u, key);
-                chains[i] = Some(token_chain(
+                chains[i] = Some(Cow::Owned(token_chain(
                     tokens,
                     &plan.configs[i],
                     memo,
                     &mut digests[i],
                     &mut more,
-                )?);
+                )?));
             }
             Prompt::Tokens(_) | Prompt::Blocks { .. } => {}
         }
@@ -421,7 +428,8 @@ fn decide(
     let mut held_bound = vec![0i64; plan.configs.len()];
     // block-hash requests: the nodes whose layout the lists do not fit (Python's no-signal rows,
     // cause "lists"), and whether any cohort was searched
-    let mut misfits: Vec<(usize, String)> = Vec::new();
+    let mut misfits: Vec<(usize, usize)> = Vec::new(); // (node, its reason in `reasons`)
+    let mut reasons: Vec<String> = Vec::new();
     let mut searched = false;
     {
         for c in &plan.cohorts {
@@ -431,25 +439,28 @@ fn decide(
             let mut given_lens: Vec<usize> = Vec::new();
             let lists: Vec<(u64, Vec<u64>)> = match prompt {
                 Prompt::Blocks { lists, .. } => {
-                    let mut own = match block_lists(lists, &c.groups, num_tokens) {
+                    let own = match block_lists(lists, &c.groups, num_tokens) {
                         Ok(own) => own,
                         Err(Some(reason)) => {
-                            misfits.extend(c.nodes.iter().map(|&node| (node, reason.clone())));
+                            misfits.extend(c.nodes.iter().map(|&node| (node, reasons.len())));
+                            reasons.push(reason);
                             touched_sets.push(vec![true; c.nodes.len()]); // never ranked
                             continue;
                         }
                         Err(None) => return None,
                     };
                     given_lens = own.iter().map(|(_, l)| l.len()).collect();
+                    // only what the bound keeps is copied
                     let cut = reach[c.config]
                         .as_ref()
-                        .and_then(|r| r.cut_blocks(&st, &own, unit));
-                    if let Some(tokens) = cut {
-                        for ((_, list), &(_, bs)) in own.iter_mut().zip(&c.groups) {
-                            list.truncate(tokens / bs);
-                        }
-                    }
-                    own
+                        .and_then(|r| r.cut_blocks(&st, &own, unit))
+                        .unwrap_or(usize::MAX);
+                    own.iter()
+                        .zip(&c.groups)
+                        .map(|(&(g, list), &(_, bs))| {
+                            (g, list[..list.len().min(cut / bs)].to_vec())
+                        })
+                        .collect()
                 }
                 _ => {
                     let chain = chains[c.config].as_ref().expect("hashed above");
@@ -621,7 +632,7 @@ fn decide(
     } else {
         (Vec::new(), 0.0)
     };
-    let no_signal = (!misfits.is_empty()).then(|| no_signal_with(plan, &misfits));
+    let no_signal = (!misfits.is_empty()).then(|| no_signal_with(plan, &misfits, &reasons));
     Some(write_answer(
         plan,
         live,
@@ -639,21 +650,25 @@ fn decide(
 
 /// The answer's `no_signal` array with the misfit nodes' entries (`decide.finish` sorts every
 /// entry by node id; a node is never in both lists: misfits are eligible, the plan's are not).
-fn no_signal_with(plan: &Plan, misfits: &[(usize, String)]) -> String {
-    let mut entries: Vec<(&str, String)> = plan
+fn no_signal_with(plan: &Plan, misfits: &[(usize, usize)], reasons: &[String]) -> String {
+    let added: Vec<(&str, String)> = misfits
+        .iter()
+        .map(|&(node, reason)| {
+            let id = plan.nodes[node].id.as_str();
+            let mut json = String::from("{\"node_id\":");
+            crate::answer::push_str_json(&mut json, id);
+            json.push_str(",\"reason\":");
+            crate::answer::push_str_json(&mut json, &reasons[reason]);
+            json.push_str(",\"cause\":\"lists\"}");
+            (id, json)
+        })
+        .collect();
+    let mut entries: Vec<(&str, &str)> = plan
         .no_signal_entries
         .iter()
-        .map(|(id, json)| (id.as_str(), json.clone()))
+        .map(|(id, json)| (id.as_str(), json.as_str()))
+        .chain(added.iter().map(|(id, json)| (*id, json.as_str())))
         .collect();
-    for (node, reason) in misfits {
-        let id = plan.nodes[*node].id.as_str();
-        let mut json = String::from("{\"node_id\":");
-        crate::answer::push_str_json(&mut json, id);
-        json.push_str(",\"reason\":");
-        crate::answer::push_str_json(&mut json, reason);
-        json.push_str(",\"cause\":\"lists\"}");
-        entries.push((id, json));
-    }
     entries.sort_by(|a, b| a.0.cmp(b.0));
     let mut out = String::from("[");
     for (i, (_, json)) in entries.iter().enumerate() {

@@ -105,12 +105,7 @@ impl Reach {
     /// `cut` for a request that sends each group's blocks (`lists`: group, its block keys), in tokens
     /// of a prompt hashed in `unit`-token units: every list may end after that many tokens. None where
     /// nothing is cut (a bounding group without a list, or whose last block some slot holds).
-    pub fn cut_blocks(
-        &self,
-        store: &Store,
-        lists: &[(u64, Vec<u64>)],
-        unit: usize,
-    ) -> Option<usize> {
+    pub fn cut_blocks(&self, store: &Store, lists: &[(u64, &[u64])], unit: usize) -> Option<usize> {
         let mut need = 0;
         for &(group, per_block) in &self.views {
             let (_, keys) = lists.iter().find(|(g, _)| *g == group)?;
@@ -187,14 +182,14 @@ mod tests {
             let cut = reach(per_block).cut(&s, &keys);
             // the same prompt as its block list: the same bound, in tokens (16 per unit here)
             let block_keys: Vec<u64> = (0..blocks as u64).map(|b| 100 + b).collect();
-            let in_tokens = reach(per_block).cut_blocks(&s, &[(0, block_keys)], 16);
+            let in_tokens = reach(per_block).cut_blocks(&s, &[(0, &block_keys[..])], 16);
             let last_held = blocks > 0 && held.contains(&(blocks as u64 - 1));
             if blocks == 0 || last_held {
                 assert_eq!(in_tokens, None, "round {round}");
             } else {
                 assert_eq!(in_tokens, Some(cut * 16), "round {round}");
             }
-            let other = reach(per_block).cut_blocks(&s, &[(1, vec![100])], 16);
+            let other = reach(per_block).cut_blocks(&s, &[(1, &[100][..])], 16);
             assert_eq!(other, None, "a bounding group without a list cuts nothing");
             if blocks == 0 || last_held {
                 assert_eq!(cut, keys.len(), "round {round}");

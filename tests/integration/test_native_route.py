@@ -19,7 +19,6 @@ from kvpipe.bench.route import without_timings as _plain
 from kvpipe.bench.procrun import ProcessorProcess, free_port
 from kvpipe.bench.route_http import _publish
 from kvpipe.gpu.hashing import external_hash, hash_request_blocks, hasher_from_config
-from kvpipe.gpu.hit import ViewCache
 from kvpipe.processors.router.model import RouteRequest
 from tests.integration.processor_fixture import ProcessorTopics
 from tests.nativecheck import require_native_core
@@ -110,12 +109,11 @@ def test_block_hashes_are_answered_on_the_route_port_as_on_the_web_port(served):
     proc, route_port, docs, rng = served
     native, web = Conn(route_port), Conn(proc.port)
     cfg = bench.CONFIGS[0]
-    specs = bench.layout(2)
     before = proc.get("/stats")["route_server"]["requests"]["native"]
     prompts = bench.prompts(docs, 6, rng)
     for tokens in prompts:
-        views = ViewCache(hash_request_blocks(hasher_from_config(cfg), tokens, cfg.hash_block_size), cfg.hash_block_size)
-        lists = {s.group_idx: [external_hash(h, True) for h in views.at(s.block_size)] for s in specs}
+        chain = [external_hash(h, True) for h in hash_request_blocks(hasher_from_config(cfg), tokens, cfg.hash_block_size)]
+        lists = bench.group_lists(chain, bench.layout(2))
         body = msgspec.json.encode(RouteRequest(block_hashes=lists, num_tokens=len(tokens), top_k=1))
         s1, a = native.post("/route", body)
         s2, b = web.post("/route", body)

@@ -135,11 +135,7 @@ def test_native_answers_to_a_unit_chain_equal_the_python_path(seed):
 def _blocks(index, tokens: list[int], as_bytes: bool = False) -> dict[int, list]:
     """The prompt's per-group block hashes, each group's list at its own block size (the fleet's nodes share one
     layout), as a router that hashes itself sends them."""
-    cfg = bench.CONFIGS[0]
-    specs = next(iter(index.nodes.values())).group_specs
-    views = ViewCache(hash_request_blocks(hasher_from_config(cfg), tokens, cfg.hash_block_size), cfg.hash_block_size)
-    return {s.group_idx: ["0x" + d.hex() if as_bytes else external_hash(d, True) for d in views.at(s.block_size)]
-            for s in specs}
+    return bench.group_lists(_chain(tokens, as_bytes), next(iter(index.nodes.values())).group_specs)
 
 
 @pytest.mark.parametrize("seed", range(4))
