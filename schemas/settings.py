@@ -50,7 +50,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kafka_port: Annotated[int, Doc("port of the local broker's plaintext listener")] = 19092
     kafka_controller_port: Annotated[int, Doc("port of the local broker's KRaft controller")] = 19093
     kafka_version: Annotated[str, Doc("Apache Kafka release `kvpipe infra up` downloads and runs")] = "3.9.1"
-    kafka_heap: Annotated[str, Doc("JVM heap of each local broker node")] = "768m"
+    kafka_heap: Annotated[str, Doc("JVM heap of each local broker node (all of it from the start: `-Xms` = `-Xmx`)")] = "768m"
     # A count, so not `kafka_brokers`, its old name (RENAMED): to Kafka and Faust "brokers" are addresses.
     kafka_local_brokers: Annotated[int, Doc("how many nodes the local cluster runs (`kvpipe infra up --brokers N`); "
                                             "clients bootstrap from all of them")] = 1

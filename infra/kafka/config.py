@@ -86,6 +86,10 @@ class BrokerConfig:
         return self.kafka_dir / "console.out"
 
     @property
+    def gc_log(self) -> Path:
+        return self.kafka_dir / "kafkaServer-gc.log"
+
+    @property
     def pid_file(self) -> Path:
         return self.kafka_dir / "kafka.pid"
 

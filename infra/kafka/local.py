@@ -36,6 +36,15 @@ from kvpipe.infra.kafka.tls import ensure_broker_tls
 JVM_FLAGS = ["-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
              "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true"]
 
+
+
+def gc_log_flags(path: Path) -> list[str]:
+    """The JVM's GC log, as kafka-run-class.sh writes it (KAFKA_GC_LOG_OPTS): every pause with its
+    cause and length, in a few rotated files. A broker on the same host as the apps stops for its
+    collections, and a slow event is as often the broker's as the app's: this log tells them apart."""
+    return [f"-Xlog:gc*:file={path.resolve()}:time,uptime,tags:filecount=4,filesize=20M"]
+
+
 # Children started by this Python process: polled instead of waitpid'ed so they are reaped
 # (no zombies in a long-lived test session) without tripping Popen's own bookkeeping.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
@@ -207,7 +216,11 @@ class LocalKafka:
         kconfig.write_configs(self.cfg, tls.keystore if tls else None, tls.password if tls else "")
         self._formatted_before = (self.cfg.data_dir / "meta.properties").is_file()
         self._format_storage(java, libs)
-        cmd = [java, f"-Xmx{self.cfg.heap}", *JVM_FLAGS,
+        # the whole heap from the start, as Kafka's own start script sets it (KAFKA_HEAP_OPTS -Xms = -Xmx). Grown
+        # on demand, it stayed near 205 MB under 100 k events/s: 35 % of that (InitiatingHeapOccupancyPercent)
+        # is below the broker's ~85 MB live set, so G1 marked back to back and the broker paused 20-120 ms
+        # every few seconds (docs/architecture.md, "Ingest beside a busy route server")
+        cmd = [java, f"-Xms{self.cfg.heap}", f"-Xmx{self.cfg.heap}", *JVM_FLAGS, *gc_log_flags(self.cfg.gc_log),
                f"-Dlog4j.configuration=file:{self.cfg.log4j_properties.resolve()}",
                f"-Dkafka.logs.dir={self.cfg.kafka_dir.resolve()}",
                "-cp", classpath(libs), "kafka.Kafka", str(self.cfg.server_properties.resolve())]

@@ -139,7 +139,7 @@ def paced_freshness(kafka_conf: dict, topic: str, messages: list[tuple[bytes, by
                             name="bench-paced-publisher", daemon=True)
     publisher.start()
     send.close()
-    begun = time.perf_counter()
+    begun, begun_unix = time.perf_counter(), time.time()
     probe = probes()
     latencies = []
     try:
@@ -153,6 +153,7 @@ def paced_freshness(kafka_conf: dict, topic: str, messages: list[tuple[bytes, by
             if rest > 0:
                 time.sleep(rest)
         result = receive.recv() if receive.poll(60) else {"sent": 0, "seconds": float("nan")}
+        result["probes_begun_unix_s"] = begun_unix  # what `at`'s starts count from
     finally:
         probe.close()
         publisher.join(60)

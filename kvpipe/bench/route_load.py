@@ -580,6 +580,7 @@ class _Rig:
         self.url = url
         self.wrk_runs = 0
         self.replicas: list = []  # router replicas beyond `proc`
+        self.broker_gc_log: Path | None = None  # the local broker's GC log (none for a cluster elsewhere)
 
     def cpu_s(self) -> float:
         """CPU seconds of every router process so far."""
@@ -698,7 +699,33 @@ def _step(rig: _Rig, connections: int, ingest: IngestSource | None, probes: Prob
         row["freshness_slowest"] = sorted(([round(t, 2), round(ms, 1), *([round(a, 1)] if a is not None else [])]
                                            for (t, a), ms in zip(probe_at, latencies)), key=lambda p: -p[1])[:5]
         row["_latencies"] = latencies
+        if rig.broker_gc_log is not None:
+            _broker_pauses(row, rig.broker_gc_log, wall0, wall0 + wall, sent.get("probes_begun_unix_s", wall0),
+                           probe_at, latencies)
     return row
+
+
+def _broker_gc_log(settings: Any) -> Path | None:
+    """The GC log of the broker `kvpipe infra up` started on this host, where the bench talks to it."""
+    if settings.kafka_bootstrap or settings.kafka_local_brokers > 1:
+        return None
+    from kvpipe.infra.cli import broker_config
+
+    return broker_config(settings).gc_log
+
+
+def _broker_pauses(row: dict[str, Any], log: Path, wall0: float, wall1: float, begun: float,
+                   probe_at: list[tuple[float, float | None]], latencies: list[float]) -> None:
+    """The broker's GC pauses in the step (count, longest, total ms) and, per slowest probe in the order of
+    `freshness_slowest`, the ms of them that fell between its send and its being routable: a probe the broker
+    stopped for, not the app."""
+    from kvpipe.infra.kafka.gclog import overlap_ms, read_pauses, window_summary
+
+    pauses = read_pauses(log, since_unix_s=wall0 - 1)
+    row["broker_gc"] = window_summary(pauses, wall0, wall1)
+    slow = sorted(zip(probe_at, latencies), key=lambda p: -p[1])[:5]
+    row["freshness_slowest_broker_gc_ms"] = [round(overlap_ms(pauses, begun + t, begun + t + ms / 1000), 1)
+                                             for (t, _), ms in slow]
 
 
 def _warm(rig: _Rig) -> None:
@@ -893,6 +920,7 @@ def _run(args: SimpleNamespace) -> dict[str, Any]:
         mix = _check_bodies(url, proc.headers, bodies, args.form)
         rig = _Rig(args, proc, topic, kafka_conf, tmp, token, url)
         rig.replicas = replicas
+        rig.broker_gc_log = _broker_gc_log(settings)
         rig.script.write_text(lua_script(str(tmp / "bodies.jsonl"), delay_ms=args.delay_ms))
         _warm(rig)
         probes = ProbeSeries(kafka_conf, topic, proc, route_url=url if route_port else None)

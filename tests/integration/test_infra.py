@@ -87,6 +87,30 @@ def test_second_up_is_fast_and_returns_the_same_pid(infra: Infra) -> None:
     assert elapsed < 5.0, f"a second `up` took {elapsed:.1f} s"
 
 
+def test_the_broker_holds_its_whole_heap_and_logs_its_gc_pauses(infra: Infra) -> None:
+    from kvpipe.infra.kafka.gclog import read_pauses
+
+    argv = Path(f"/proc/{infra.pid()}/cmdline").read_bytes().split(b"\0")
+    xms = [a for a in argv if a.startswith(b"-Xms")]
+    assert xms and [a for a in argv if a.startswith(b"-Xmx")] == [b"-Xmx" + xms[0][4:]], argv
+    log = infra.state_dir / "kafka" / "kafkaServer-gc.log"
+    deadline = time.monotonic() + 30
+    while not read_pauses(log) and time.monotonic() < deadline:  # the first collection comes with the first load
+        _produce_some(infra.bootstrap, 2000)
+    pauses = read_pauses(log)
+    assert pauses, log.read_text()[-2000:]
+    assert all(p.ms >= 0 and p.kind.startswith("Pause ") for p in pauses)
+    assert abs(pauses[-1].end_unix_s - time.time()) < 600
+
+
+def _produce_some(bootstrap: str, n: int) -> None:
+    p = Producer({"bootstrap.servers": bootstrap})
+    for i in range(n):
+        p.produce("kv-events", b"x" * 1000, key=str(i).encode())
+        p.poll(0)
+    p.flush(30)
+
+
 def test_status_shows_pid_bootstrap_and_topics(infra: Infra) -> None:
     r = infra.run("status")
     assert r.returncode == 0, r.stderr
