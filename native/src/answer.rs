@@ -201,28 +201,50 @@ fn write_media(o: &mut String, plan: &Plan, mask: u64) {
         route::GPU_BIT => return o.push_str("\"GPU\""),
         _ => {}
     }
-    let mut names: Vec<&str> = Vec::new();
+    // at most GPU, "?" and one name per medium bit: on the stack (a row writes this per group)
+    let mut names = [""; route::MEDIA_BITS as usize + 2];
+    let mut n = 0;
+    let mut add = |name| {
+        names[n] = name;
+        n += 1;
+    };
     if mask & route::GPU_BIT != 0 {
-        names.push("GPU");
+        add("GPU");
     }
     if mask & route::UNKNOWN_BIT != 0 {
-        names.push("?");
+        add("?");
     }
     for (i, m) in plan.media.iter().enumerate() {
         if (i as u32) < route::MEDIA_BITS && mask >> i & 1 == 1 {
-            names.push(m);
+            add(m);
         }
     }
-    names.sort_by(|a, b| (*a != "GPU", *a).cmp(&(*b != "GPU", *b)));
-    push_str_json(o, &names.join("+"));
+    let names = &mut names[..n];
+    names.sort_unstable_by(|a, b| (*a != "GPU", *a).cmp(&(*b != "GPU", *b)));
+    if names.iter().all(|m| plain(m)) {
+        o.push('"');
+        for (i, m) in names.iter().enumerate() {
+            if i > 0 {
+                o.push('+');
+            }
+            o.push_str(m);
+        }
+        o.push('"');
+    } else {
+        push_str_json(o, &names.join("+"));
+    }
+}
+
+/// Whether `s` is written between quotes as it is (printable ASCII, no quote or backslash).
+fn plain(s: &str) -> bool {
+    s.bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
 }
 
 /// `s` as a JSON string: as it is between quotes when nothing in it needs escaping (node ids and
 /// medium names, in every row), else serde_json's escaping.
 pub(crate) fn push_str_json(o: &mut String, s: &str) {
-    if s.bytes()
-        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
-    {
+    if plain(s) {
         o.push('"');
         o.push_str(s);
         o.push('"');

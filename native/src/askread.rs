@@ -66,6 +66,28 @@ impl<'a> Reader<'a> {
     #[inline]
     fn key(&mut self) -> Option<u64> {
         let start = self.i;
+        // A hash of 17 to 23 digits (nearly all of them) with 24 bytes of body left: its three
+        // words read at once, each independently of the others, and joined in one step
+        if let Some(b) = self.b.get(start..start + 24) {
+            let word = |k: usize| u64::from_le_bytes(b[8 * k..8 * k + 8].try_into().expect("8"));
+            let (x0, x1, x2) = (word(0), word(1), word(2));
+            let n2 = leading_digits(x2);
+            if leading_digits(x0) == 8 && leading_digits(x1) == 8 && (1..8).contains(&n2) {
+                let tail = (x2 << (8 * (8 - n2))) | ((0x30 * ONES) >> (8 * n2));
+                let v = (eight_value(x0) as u128 * 100_000_000 + eight_value(x1) as u128)
+                    * POW10[n2] as u128
+                    + eight_value(tail) as u128;
+                let after = start + 16 + n2;
+                if b[0] == b'0' || v > u64::MAX as u128 {
+                    return None; // a leading zero; past u64
+                }
+                self.i = after;
+                if let Some(b'.' | b'e' | b'E') = self.peek() {
+                    return None;
+                }
+                return Some(v as u64);
+            }
+        }
         let mut v: u64 = 0;
         // eight digits at a time while they last (a 20-digit hash: two words and four bytes); a
         // byte-at-a-time loop spent ~1 ns a digit, ~3 µs of a 128-hash chain's decision

@@ -437,7 +437,7 @@ fn decide(
             // a block-hash request's lists as sent (their lengths are the prompt's), and where the
             // bound cuts them (`reach.rs`, looked up under the search's lock)
             let mut given_lens: Vec<usize> = Vec::new();
-            let lists: Vec<(u64, Vec<u64>)> = match prompt {
+            let lists: Vec<(u64, Cow<[u64]>)> = match prompt {
                 Prompt::Blocks { lists, .. } => {
                     let own = match block_lists(lists, &c.groups, num_tokens) {
                         Ok(own) => own,
@@ -450,7 +450,7 @@ fn decide(
                         Err(None) => return None,
                     };
                     given_lens = own.iter().map(|(_, l)| l.len()).collect();
-                    // only what the bound keeps is copied
+                    // borrowed up to where the bound cuts them
                     let cut = reach[c.config]
                         .as_ref()
                         .and_then(|r| r.cut_blocks(&st, &own, unit))
@@ -458,7 +458,7 @@ fn decide(
                     own.iter()
                         .zip(&c.groups)
                         .map(|(&(g, list), &(_, bs))| {
-                            (g, list[..list.len().min(cut / bs)].to_vec())
+                            (g, Cow::Borrowed(&list[..list.len().min(cut / bs)]))
                         })
                         .collect()
                 }
@@ -466,9 +466,13 @@ fn decide(
                     let chain = chains[c.config].as_ref().expect("hashed above");
                     c.groups
                         .iter()
-                        .map(|&(g, bs)| {
-                            let k = bs / unit;
-                            (g, chain.iter().skip(k - 1).step_by(k).copied().collect())
+                        .map(|&(g, bs)| match bs / unit {
+                            // a group hashed in the chain's own unit reads the chain as it is
+                            1 => (g, Cow::Borrowed(&chain[..])),
+                            k => (
+                                g,
+                                Cow::Owned(chain.iter().skip(k - 1).step_by(k).copied().collect()),
+                            ),
                         })
                         .collect()
                 }
@@ -501,6 +505,7 @@ fn decide(
                 stale: plan.stale_after.as_ref(),
                 cap,
             });
+            let lists: Vec<(u64, &[u64])> = lists.iter().map(|(g, l)| (*g, &l[..])).collect();
             let out = route::route_cohort(
                 &st,
                 &plan.layouts,

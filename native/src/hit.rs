@@ -71,6 +71,7 @@ impl Found {
 }
 
 /// Held positions of one spec group's view (`len` entries; bits past it are never probed).
+#[derive(Clone, Copy)]
 pub struct Held<'a> {
     pub bits: &'a [u64],
     pub len: usize,
@@ -373,12 +374,35 @@ pub fn find_hit(
     max_length: i64,
     num_hashed: i64,
 ) -> (Vec<Found>, i64) {
+    let mut bufs = HitBufs::default();
+    let hit = find_hit_into(layout, |k| held[k], max_length, num_hashed, &mut bufs);
+    (bufs.found, hit)
+}
+
+/// `find_hit`'s working state and answer, kept by a caller that searches node after node (two small
+/// allocations per node otherwise, on the route's hot path).
+#[derive(Default)]
+pub struct HitBufs {
+    /// per spec group: what it found (if looked up), its length, whether EAGLE's drop was checked
+    state: Vec<(Option<Found>, i64, bool)>,
+    /// per spec group, after a search: the found interval
+    pub found: Vec<Found>,
+}
+
+/// `find_hit` with spec group k's held positions from `held(k)`, the intervals left in `bufs.found`.
+pub fn find_hit_into<'h>(
+    layout: &Layout,
+    held: impl Fn(usize) -> Held<'h>,
+    max_length: i64,
+    num_hashed: i64,
+    bufs: &mut HitBufs,
+) -> i64 {
     let sgs = &layout.spec_groups;
     let alignment = layout.alignment;
     let mut hit = max_length;
-    // per spec group: what it found (if looked up), its length, whether EAGLE's drop was checked
-    // (one allocation: this runs per node per route)
-    let mut state: Vec<(Option<Found>, i64, bool)> = vec![(None, 0, false); sgs.len()];
+    let state = &mut bufs.state;
+    state.clear();
+    state.resize(sgs.len(), (None, 0, false));
     let simple = sgs.len() == 2 && sgs[0].kind == Kind::Full;
     loop {
         let mut cur = hit;
@@ -392,7 +416,7 @@ pub fn find_hit(
             if drop && sg.kind != Kind::Mamba {
                 limit = (cur + eagle_margin(sg, alignment)).min(num_hashed);
             }
-            let (f, new_len) = find_for(sg, &held[k], limit, alignment, drop);
+            let (f, new_len) = find_for(sg, &held(k), limit, alignment, drop);
             if drop {
                 state[k].2 = true;
             } else if new_len < cur {
@@ -410,19 +434,17 @@ pub fn find_hit(
             break;
         }
     }
-    let out = sgs
-        .iter()
-        .zip(state)
-        .map(|(sg, (f, _, _))| {
+    bufs.found.clear();
+    bufs.found
+        .extend(sgs.iter().zip(state.iter()).map(|(sg, &(f, _, _))| {
             let mut f = f.unwrap_or_default();
             if sg.kind == Kind::Full {
                 f.end = f.end.min(count(cdiv(hit, sg.block_size), usize::MAX));
                 f.start = f.start.min(f.end);
             }
             f
-        })
-        .collect();
-    (out, hit)
+        }));
+    hit
 }
 
 #[cfg(test)]

@@ -3,7 +3,9 @@
 //! prefix-per-group semantics each medium's longest held prefix. Also a cheap bound on the hit, so
 //! a decision asking for the best few nodes can leave out the members that cannot be among them.
 
-use crate::hit::{find_hit, is_fine_grained, supports_fine_grained, Held, Kind, Layout};
+use crate::hit::{
+    find_hit_into, is_fine_grained, supports_fine_grained, Held, HitBufs, Kind, Layout,
+};
 use crate::route::{GroupOut, ModelArgs, NodeOut, GPU_BIT, UNKNOWN_BIT};
 
 /// The filled bitsets of one search: group k's set of (member m, class c) at
@@ -20,19 +22,27 @@ pub(crate) struct Sets<'a> {
     pub order: &'a [usize],
 }
 
-/// Buffers reused from member to member of one search.
+/// Buffers reused from member to member of one search (and kept from search to search).
+#[derive(Default)]
 pub(crate) struct Scratch {
     any: Vec<Vec<u64>>,
     gpu: Vec<Vec<u64>>,
     left: Vec<u64>,
+    /// per spec group of several members: the intersection of their sets
+    words: Vec<Vec<u64>>,
+    hit: HitBufs,
+    any_spans: Vec<(usize, usize)>,
+    gpu_spans: Vec<(usize, usize)>,
 }
 
 impl Scratch {
-    pub fn new(words: &[usize]) -> Self {
-        Scratch {
-            any: words.iter().map(|&n| vec![0; n]).collect(),
-            gpu: words.iter().map(|&n| vec![0; n]).collect(),
-            left: Vec::new(),
+    /// Sized for a search of `words[k]` words per group k (every word is written before it is read).
+    pub fn fit(&mut self, words: &[usize]) {
+        for sets in [&mut self.any, &mut self.gpu] {
+            sets.resize_with(words.len(), Vec::new);
+            for (w, &n) in sets.iter_mut().zip(words) {
+                w.resize(n, 0);
+            }
         }
     }
 }
@@ -123,7 +133,15 @@ impl Sets<'_> {
         s: &mut Scratch,
     ) -> NodeOut {
         let groups = self.lens.len();
-        let Scratch { any, gpu, left } = s;
+        let Scratch {
+            any,
+            gpu,
+            left,
+            words,
+            hit,
+            any_spans,
+            gpu_spans,
+        } = s;
         let mut off_gpu = false;
         for k in 0..groups {
             gpu[k].copy_from_slice(self.at(mi, 0, k));
@@ -136,16 +154,18 @@ impl Sets<'_> {
             }
         }
         let has_full = layout.spec_groups.iter().any(|sg| sg.kind == Kind::Full);
-        let (any_tokens, any_spans) = hit_on(layout, any, self.lens, model.cap, model.num_hashed);
+        let (cap, hashed) = (model.cap, model.num_hashed);
+        let any_tokens = hit_on(layout, any, self.lens, cap, hashed, words, hit, any_spans);
         // one search when the node holds nothing off GPU (the sets are equal); none when it
         // holds nothing on GPU and the layout has full attention (its hit needs every block up
         // to the hit: none held, no hit); the GPU spans are then never read
-        let (gpu_tokens, gpu_spans) = if !off_gpu {
-            (any_tokens, any_spans.clone())
+        let gpu_tokens = if !off_gpu {
+            gpu_spans.clone_from(any_spans);
+            any_tokens
         } else if has_full && gpu.iter().all(|w| w.iter().all(|&x| x == 0)) {
-            (0, Vec::new())
+            0
         } else {
-            hit_on(layout, gpu, self.lens, model.cap, model.num_hashed)
+            hit_on(layout, gpu, self.lens, cap, hashed, words, hit, gpu_spans)
         };
         let mut per_group = Vec::with_capacity(groups);
         for k in 0..groups {
@@ -252,26 +272,34 @@ fn ones(bits: &[u64]) -> usize {
 }
 
 /// The hybrid hit of `layout` on per-group bitsets (each spec group: the intersection of its
-/// members' sets over the shortest list), as (hit tokens, per group (start, end)).
+/// members' sets over the shortest list, made in `words`), in tokens; per group its (start, end)
+/// left in `spans`.
+// the buffers are the caller's, reused from node to node: each a plain argument
+#[allow(clippy::too_many_arguments)]
 fn hit_on(
     layout: &Layout,
     sets: &[Vec<u64>],
     lens: &[usize],
     cap: i64,
     num_hashed: i64,
-) -> (i64, Vec<(usize, usize)>) {
+    words: &mut Vec<Vec<u64>>,
+    bufs: &mut HitBufs,
+    spans: &mut Vec<(usize, usize)>,
+) -> i64 {
+    let shortest = |members: &[usize]| members.iter().map(|&m| lens[m]).min().unwrap_or(0);
     // a spec group of one member reads that member's set as it is (bits past its length are
     // never set); several members' sets are intersected over the shortest list
-    let mut words: Vec<Vec<u64>> = Vec::new();
-    let mut at: Vec<Option<usize>> = Vec::with_capacity(layout.spec_groups.len());
-    for sg in &layout.spec_groups {
+    if words.len() < layout.spec_groups.len() {
+        words.resize_with(layout.spec_groups.len(), Vec::new);
+    }
+    for (sg, w) in layout.spec_groups.iter().zip(words.iter_mut()) {
         if sg.members.len() == 1 {
-            at.push(None);
             continue;
         }
-        let len = sg.members.iter().map(|&m| lens[m]).min().unwrap_or(0);
+        let len = shortest(&sg.members);
         let n = len.div_ceil(64).max(1);
-        let mut w = vec![u64::MAX; n];
+        w.clear();
+        w.resize(n, u64::MAX);
         for &m in &sg.members {
             w.iter_mut().zip(&sets[m]).for_each(|(a, b)| *a &= b);
         }
@@ -281,30 +309,28 @@ fn hit_on(
         } else if len == 0 {
             w[0] = 0;
         }
-        at.push(Some(words.len()));
-        words.push(w);
     }
-    let held: Vec<Held> = layout
-        .spec_groups
-        .iter()
-        .zip(&at)
-        .map(|(sg, a)| match a {
-            None => Held {
-                bits: &sets[sg.members[0]],
-                len: lens[sg.members[0]],
+    let words = &*words;
+    let held = |k: usize| {
+        let sg = &layout.spec_groups[k];
+        match sg.members[..] {
+            [m] => Held {
+                bits: &sets[m],
+                len: lens[m],
             },
-            Some(i) => Held {
-                bits: &words[*i],
-                len: sg.members.iter().map(|&m| lens[m]).min().unwrap_or(0),
+            _ => Held {
+                bits: &words[k],
+                len: shortest(&sg.members),
             },
-        })
-        .collect();
-    let (found, hit) = find_hit(layout, &held, cap, num_hashed);
-    let mut spans = vec![(0usize, 0usize); layout.groups];
-    for (sg, f) in layout.spec_groups.iter().zip(found) {
+        }
+    };
+    let hit = find_hit_into(layout, held, cap, num_hashed, bufs);
+    spans.clear();
+    spans.resize(layout.groups, (0, 0));
+    for (sg, f) in layout.spec_groups.iter().zip(&bufs.found) {
         for &m in &sg.members {
             spans[m] = (f.start, f.end);
         }
     }
-    (hit, spans)
+    hit
 }

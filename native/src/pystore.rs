@@ -304,6 +304,7 @@ impl IndexStore {
                 num_hashed,
             })
             .collect();
+        let lists: Vec<(u64, &[u64])> = lists.iter().map(|(g, k)| (*g, &k[..])).collect();
         let out = route::route_cohort(
             &read(&self.inner),
             &engine.layouts,

@@ -35,10 +35,22 @@ pub struct Members {
     /// Per slot id of one store, which member and medium class it counts for, and the non-GPU
     /// media those classes stand for; rebuilt when the store's slots change (`Store::slot_version`).
     slots: Mutex<Option<Arc<SlotMap>>>,
-    /// The per-call bitsets, kept zeroed between calls (only touched members' parts are cleared
-    /// after use), so a call neither allocates nor clears them whole: a few of them, since route
-    /// threads search one cohort at once.
-    scratch: Mutex<Vec<Vec<u64>>>,
+    /// The per-call buffers, the bitsets and row marks kept zeroed between calls (only touched
+    /// members' parts are cleared after use), so a call neither allocates nor clears them whole: a
+    /// few of them, since route threads search one cohort at once.
+    scratch: Mutex<Vec<Work>>,
+}
+
+/// One search's buffers, reused from call to call.
+#[derive(Default)]
+struct Work {
+    bits: Vec<u64>,
+    /// Rows (member, class) that got a bit, a byte each: a plain store per held pair. (A bit per
+    /// member ORed into a word made every pair wait on the previous pair's write to that word.)
+    row_seen: Vec<u8>,
+    touched: Vec<usize>,
+    by_bound: Vec<((i64, i64), usize)>,
+    member: Scratch,
 }
 
 /// A slot's member (`NOT_MEMBER` when it belongs to no node of the cohort, or is closed) and its
@@ -185,7 +197,7 @@ pub trait Prune {
 pub fn route_cohort(
     store: &Store,
     layouts: &[Layout],
-    lists: &[(u64, Vec<u64>)],
+    lists: &[(u64, &[u64])],
     members: &Members,
     models: &[ModelArgs],
     media_rank: &[u32],
@@ -224,41 +236,60 @@ pub fn route_cohort(
         per += w;
     }
     let nm = members.owners.len();
-    // a call that panicked may have left bits set: start that buffer afresh
-    // A zeroed buffer from the member table's pool (a new one when every kept one is in use by
-    // another thread), given back zeroed at the end; a call that panicked takes its buffer with it.
-    let mut own: Vec<u64> = members
+    // Zeroed buffers from the member table's pool (new ones when every kept set is in use by
+    // another thread), given back zeroed at the end; a call that panicked takes its set with it.
+    let mut own: Work = members
         .scratch
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .pop()
         .unwrap_or_default();
-    let bits: &mut Vec<u64> = &mut own;
+    let Work {
+        bits,
+        row_seen,
+        touched: members_touched,
+        by_bound,
+        member: scratch,
+    } = &mut own;
     if bits.len() != nm * classes * per {
         bits.clear();
         bits.resize(nm * classes * per, 0);
     }
-    // Rows (member, class) that got a bit, a byte each: a plain store per held pair. (A bit per
-    // member ORed into a word made every pair wait on the previous pair's write to that word.)
-    let mut row_seen = vec![0u8; nm * classes];
+    if row_seen.len() != nm * classes {
+        row_seen.clear();
+        row_seen.resize(nm * classes, 0);
+    }
+    members_touched.clear();
+    scratch.fit(&words);
+    // as slices: their pointers and lengths stay in registers through the walk below (through the
+    // vectors they were read back from memory after every store)
+    let (bits, row_seen): (&mut [u64], &mut [u8]) = (bits, row_seen);
     let rows = &map.rows[..];
     for (k, (group, keys)) in lists.iter().enumerate() {
         let base = off[k];
-        store.for_each_held_word(*group, keys, |sid, word, mask| {
-            let Some(&r) = rows.get(sid as usize) else {
-                return; // a slot opened after the map was made cannot be (the map is current)
-            };
-            if r == NOT_MEMBER {
-                return;
+        store.for_each_held_word(*group, keys, |holders, word, mask| {
+            let at = base + word;
+            for &sid in holders {
+                // a slot opened after the map was made cannot be (the map is current)
+                let Some(&r) = rows.get(sid as usize) else {
+                    continue;
+                };
+                if r == NOT_MEMBER {
+                    continue;
+                }
+                let r = r as usize;
+                bits[r * per + at] |= mask;
+                row_seen[r] = 1;
             }
-            let r = r as usize;
-            bits[r * per + base + word] |= mask;
-            row_seen[r] = 1;
         });
     }
-    // the members with a bit, in member order (a member's rows are consecutive)
-    let mut members_touched: Vec<usize> = Vec::new();
-    for (r, _) in row_seen.iter().enumerate().filter(|(_, &x)| x != 0) {
+    // the members with a bit, in member order (a member's rows are consecutive); the marks are
+    // cleared for the next call as they are read
+    for (r, seen) in row_seen.iter_mut().enumerate() {
+        if *seen == 0 {
+            continue;
+        }
+        *seen = 0;
         let m = r / classes;
         if members_touched.last() != Some(&m) {
             members_touched.push(m);
@@ -284,39 +315,36 @@ pub fn route_cohort(
             order: &order,
         };
         let model = |mi: usize| &models[members.models[mi] as usize];
-        let mut scratch = Scratch::new(&words);
         let mut nodes = Vec::with_capacity(members_touched.len());
         let mut skipped = Vec::new();
         match prune {
             None => {
-                for &mi in &members_touched {
+                for &mi in members_touched.iter() {
                     let m = model(mi);
-                    nodes.push(sets.node(mi, m, &layouts[m.layout], prefixes, &mut scratch));
+                    nodes.push(sets.node(mi, m, &layouts[m.layout], prefixes, scratch));
                 }
             }
             Some(prune) => {
                 // the highest bounds first (ties in member order), so the bar rises early
-                let mut by_bound: Vec<((i64, i64), usize)> = members_touched
-                    .iter()
-                    .map(|&mi| {
-                        (
-                            sets.bounds(mi, &layouts[model(mi).layout], model(mi).cap),
-                            mi,
-                        )
-                    })
-                    .collect();
+                by_bound.clear();
+                by_bound.extend(members_touched.iter().map(|&mi| {
+                    (
+                        sets.bounds(mi, &layouts[model(mi).layout], model(mi).cap),
+                        mi,
+                    )
+                }));
                 by_bound.sort_unstable_by(|a, b| {
                     (b.0 .0 + b.0 .1)
                         .cmp(&(a.0 .0 + a.0 .1))
                         .then(a.1.cmp(&b.1))
                 });
-                for ((gpu, any), mi) in by_bound {
+                for &((gpu, any), mi) in by_bound.iter() {
                     if prune.skip(mi, gpu, any) {
                         skipped.push((mi, any));
                         continue;
                     }
                     let m = model(mi);
-                    let n = sets.node(mi, m, &layouts[m.layout], prefixes, &mut scratch);
+                    let n = sets.node(mi, m, &layouts[m.layout], prefixes, scratch);
                     prune.seen(&n);
                     nodes.push(n);
                 }
@@ -326,7 +354,7 @@ pub fn route_cohort(
         (nodes, skipped)
     };
     // zero again what this call set (only touched members have bits), for the next call
-    for &mi in &members_touched {
+    for &mi in members_touched.iter() {
         bits[mi * classes * per..(mi + 1) * classes * per].fill(0);
     }
     let mut pool = members.scratch.lock().unwrap_or_else(|e| e.into_inner());

@@ -478,12 +478,18 @@ impl Store {
         }
     }
 
-    /// As `for_each_held`, by 64 positions at once: `f(slot, word, mask)` where bit b of `mask`
-    /// stands for position `word * 64 + b`. Consecutive positions of one word with the same
-    /// holders (a prefix that many nodes hold whole) make one call per holder instead of one per
-    /// (position, holder); the union of the calls is exactly `for_each_held`'s pairs.
+    /// As `for_each_held`, by 64 positions at once: `f(holders, word, mask)` where bit b of `mask`
+    /// stands for position `word * 64 + b`, every slot of `holders` holding each of them.
+    /// Consecutive positions of one word with the same holders (a prefix that many nodes hold
+    /// whole) make one call for their holders instead of one per (position, holder); the union of
+    /// the calls' (slot, position) pairs is exactly `for_each_held`'s.
     #[inline]
-    pub fn for_each_held_word(&self, group: u64, keys: &[u64], mut f: impl FnMut(u32, usize, u64)) {
+    pub fn for_each_held_word(
+        &self,
+        group: u64,
+        keys: &[u64],
+        mut f: impl FnMut(&[u32], usize, u64),
+    ) {
         let found = self.found(group, keys);
         let mut run: Option<(u32, usize, u64)> = None; // (holder field, word, mask)
         for (j, &(i, v)) in found.iter().enumerate() {
@@ -494,16 +500,12 @@ impl Store {
                     *mask |= bit;
                     continue;
                 }
-                for &s in self.holders_of(rv) {
-                    f(s, *rw, *mask);
-                }
+                f(self.holders_of(rv), *rw, *mask);
             }
             run = Some((v, word, bit));
         }
         if let Some((rv, rw, mask)) = run {
-            for &s in self.holders_of(&rv) {
-                f(s, rw, mask);
-            }
+            f(self.holders_of(&rv), rw, mask);
         }
     }
 
@@ -729,11 +731,14 @@ mod tests {
             let mut want: Vec<(u32, usize)> = Vec::new();
             s.for_each_held(0, &ask, |sid, i| want.push((sid, i)));
             let mut got: Vec<(u32, usize)> = Vec::new();
-            s.for_each_held_word(0, &ask, |sid, word, mask| {
+            s.for_each_held_word(0, &ask, |holders, word, mask| {
                 assert_ne!(mask, 0);
-                for b in 0..64 {
-                    if mask >> b & 1 == 1 {
-                        got.push((sid, word * 64 + b));
+                assert!(!holders.is_empty());
+                for &sid in holders {
+                    for b in 0..64 {
+                        if mask >> b & 1 == 1 {
+                            got.push((sid, word * 64 + b));
+                        }
                     }
                 }
             });
