@@ -48,6 +48,8 @@ def read_pauses(path: Path, since_unix_s: float = 0.0) -> list[Pause]:
     files = [p for p in [*sorted(path.parent.glob(path.name + ".*")), path] if p.is_file()]
     pauses: list[Pause] = []
     for f in files:
+        if f.stat().st_mtime < since_unix_s:
+            continue  # last written before the window: a rotated file of up to 20 MB not parsed for nothing
         with open(f, encoding="utf-8", errors="replace") as fh:
             pauses.extend(p for p in parse_pauses(fh) if p.end_unix_s > since_unix_s)
     return sorted(pauses)

@@ -696,12 +696,13 @@ def _step(rig: _Rig, connections: int, ingest: IngestSource | None, probes: Prob
         row["step_started_unix_s"] = round(wall0, 3)  # to find the slow probes' moments in the broker's log
         # the five slowest probes, [s into the step, ms, ms of it until the broker acknowledged (token probes)]:
         # bunched = a pause somewhere, spread = the scheduler
-        row["freshness_slowest"] = sorted(([round(t, 2), round(ms, 1), *([round(a, 1)] if a is not None else [])]
-                                           for (t, a), ms in zip(probe_at, latencies)), key=lambda p: -p[1])[:5]
+        slowest = sorted(zip(probe_at, latencies), key=lambda p: -p[1])[:5]
+        row["freshness_slowest"] = [[round(t, 2), round(ms, 1), *([round(a, 1)] if a is not None else [])]
+                                    for (t, a), ms in slowest]
         row["_latencies"] = latencies
         if rig.broker_gc_log is not None:
             _broker_pauses(row, rig.broker_gc_log, wall0, wall0 + wall, sent.get("probes_begun_unix_s", wall0),
-                           probe_at, latencies)
+                           slowest)
     return row
 
 
@@ -715,17 +716,16 @@ def _broker_gc_log(settings: Any) -> Path | None:
 
 
 def _broker_pauses(row: dict[str, Any], log: Path, wall0: float, wall1: float, begun: float,
-                   probe_at: list[tuple[float, float | None]], latencies: list[float]) -> None:
-    """The broker's GC pauses in the step (count, longest, total ms) and, per slowest probe in the order of
-    `freshness_slowest`, the ms of them that fell between its send and its being routable: a probe the broker
-    stopped for, not the app."""
+                   slowest: list[tuple[tuple[float, float | None], float]]) -> None:
+    """The broker's GC pauses in the step (count, longest, total ms) and, per slowest probe ((s after `begun`,
+    ack ms), ms) as `freshness_slowest` lists them, the ms of them that fell between its send and its being
+    routable: a probe the broker stopped for, not the app."""
     from kvpipe.infra.kafka.gclog import overlap_ms, read_pauses, window_summary
 
     pauses = read_pauses(log, since_unix_s=wall0 - 1)
     row["broker_gc"] = window_summary(pauses, wall0, wall1)
-    slow = sorted(zip(probe_at, latencies), key=lambda p: -p[1])[:5]
     row["freshness_slowest_broker_gc_ms"] = [round(overlap_ms(pauses, begun + t, begun + t + ms / 1000), 1)
-                                             for (t, _), ms in slow]
+                                             for (t, _), ms in slowest]
 
 
 def _warm(rig: _Rig) -> None:

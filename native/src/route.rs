@@ -261,9 +261,6 @@ pub fn route_cohort(
     }
     members_touched.clear();
     scratch.fit(&words);
-    // as slices: their pointers and lengths stay in registers through the walk below (through the
-    // vectors they were read back from memory after every store)
-    let (bits, row_seen): (&mut [u64], &mut [u8]) = (bits, row_seen);
     let rows = &map.rows[..];
     for (k, (group, keys)) in lists.iter().enumerate() {
         let base = off[k];

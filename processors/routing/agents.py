@@ -133,7 +133,7 @@ def _dlq_failed(msg, error: DecodeError, exc: BaseException) -> None:
 
 @app.task
 async def freeze_startup_heap() -> None:
-    """What exists once the worker runs (modules, Faust, aiokafka, the app: ~150 k objects, 16 ms of
+    """What exists once the worker runs (modules, Faust, aiokafka, the app: ~90 k objects, 16 ms of
     CPU per walk) is never garbage: out of the collector's full walks. Ingest is this loop's Python, so
     a full collection stops it; with two cores full, one such walk was seen taking 128 ms of wall time
     (docs/architecture.md, "Ingest beside a busy route server")."""

@@ -2,6 +2,7 @@
 broker's log), pauses in a window, pauses overlapping an event's way."""
 from __future__ import annotations
 
+import os
 from datetime import datetime
 from pathlib import Path
 
@@ -50,6 +51,10 @@ def test_rotated_files_are_read_too_and_old_pauses_left_out(tmp_path: Path) -> N
     assert [p.kind for p in read_pauses(tmp_path / "gc.log", since)] == ["Pause Remark", "Pause Cleanup",
                                                                        "Pause Young (Concurrent Start)"]
     assert read_pauses(tmp_path / "absent.log") == []
+    # a rotated file last written before the window is not read at all (its lines would count: 6, not 3)
+    (tmp_path / "gc.log.1").write_text("\n".join(lines[4:]) + "\n")
+    os.utime(tmp_path / "gc.log.1", (since - 600, since - 600))
+    assert len(read_pauses(tmp_path / "gc.log", since - 60)) == 3
 
 
 def test_a_window_counts_what_ended_in_it_and_an_event_what_overlapped_its_way() -> None:
