@@ -214,7 +214,9 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     route_hash_memo_entries: Annotated[int, Doc(
         "digests of prompt units some node holds that the route server remembers, so a prefix routed before is "
         "not hashed again (about 100 bytes each with 16-token units; exact: a digest is used only for the same "
-        "parent digest and token ids); 0: hash every request in full")] = 65_536
+        "parent digest and token ids); the text of their token ids is remembered too, 16 ids per entry (about "
+        "11 bytes an id), so those ids are not read digit by digit again (exact: used only where the body's bytes "
+        "are equal); 0: hash and read every request in full")] = 65_536
     route_refresh_s: Annotated[float, Doc("how often the nodes' live state (load, suspect, last seen) reaches the "
                                           "route server")] = 0.005
     route_search_engine: Annotated[Literal["native", "python"], Doc(

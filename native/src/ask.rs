@@ -31,6 +31,17 @@ pub(crate) struct Request {
     /// fails the parse.
     #[serde(default)]
     pub(crate) semantics: Semantics,
+    /// Where `askread` found the token ids' text (never serde: a body it reads is not remembered).
+    #[serde(skip)]
+    pub(crate) token_text: Option<TokenText>,
+}
+
+/// Where a body's token ids are written: how many leading ids the id-text memo's newer generation
+/// spelled, and the byte offset of the first id after them.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TokenText {
+    pub(crate) remembered: usize,
+    pub(crate) resume: usize,
 }
 
 #[derive(Deserialize, Default, PartialEq, Debug)]
@@ -123,8 +134,8 @@ pub(crate) enum Prompt {
 impl Request {
     /// The request in `body`, read by `askread` when it takes the body and by serde otherwise;
     /// None where serde refuses it (Python then answers).
-    pub(crate) fn read(body: &[u8]) -> Option<Request> {
-        crate::askread::read(body).or_else(|| serde_json::from_slice(body).ok())
+    pub(crate) fn read(body: &[u8], memo: Option<&crate::idtext::IdText>) -> Option<Request> {
+        crate::askread::read_with(body, memo).or_else(|| serde_json::from_slice(body).ok())
     }
 
     /// Every field, for comparing two readings in tests.

@@ -16,11 +16,16 @@
 //! (msgspec would keep the last); a body with anything else is left to Python, which reads it
 //! with msgspec. tests/unit/router/test_router_native_route.py holds this reading to Python's.
 
-use crate::ask::{Request, Semantics, UnitKey};
+use crate::ask::{Request, Semantics, TokenText, UnitKey};
+use crate::idtext::IdText;
 
 struct Reader<'a> {
     b: &'a [u8],
     i: usize,
+    /// Token-id text read before (`idtext.rs`), where the caller keeps it.
+    memo: Option<&'a IdText>,
+    /// Where the token ids' text starts and how much of it the memo's newer generation spelled.
+    ids_text: Option<TokenText>,
 }
 
 impl<'a> Reader<'a> {
@@ -238,6 +243,9 @@ impl Reader<'_> {
         if self.eat(b']').is_some() {
             return Some(out);
         }
+        if self.remembered_ids(&mut out) {
+            return Some(out);
+        }
         // items left to the loop below before the block reader is tried again (after it stopped
         // at once: a body with spaces after its commas would otherwise pay a block per item)
         let mut by_item = 0u32;
@@ -288,6 +296,40 @@ impl Reader<'_> {
                 _ => return None,
             }
         }
+    }
+
+    /// The leading ids the memo remembers the text of, into `out` (segment after segment while
+    /// each gives a good run): true once the array's `]` is read. Notes where the ids' text starts
+    /// and how far the newer generation spelled it, for the caller's admission.
+    fn remembered_ids(&mut self, out: &mut Vec<i64>) -> bool {
+        let mut text = TokenText {
+            remembered: 0,
+            resume: self.i,
+        };
+        let Some(memo) = self.memo else {
+            self.ids_text = Some(text);
+            return false;
+        };
+        let mut in_newer = true;
+        loop {
+            let t = memo.take(&self.b[self.i..], out);
+            if t.ids == 0 {
+                break;
+            }
+            self.i += t.bytes;
+            in_newer &= t.newer;
+            if in_newer {
+                text.remembered = out.len();
+                text.resume = self.i;
+            }
+            // a short partial run stops the lookups: each costs a hash and a compare, and a body
+            // could otherwise make one per id
+            if !(t.whole || t.ids >= crate::idtext::MARK_EVERY) || self.peek() == Some(b']') {
+                break;
+            }
+        }
+        self.ids_text = Some(text);
+        !out.is_empty() && self.eat(b']').is_some()
     }
 
     /// Plain ids (1 to 7 digits, no leading zero, one `,` between them) from `self.i`, 64 bytes at
@@ -460,8 +502,19 @@ fn unit_key(r: &mut Reader) -> Option<UnitKey> {
 }
 
 /// The request `body` holds when it is one this reader takes, else None (read it with serde).
+#[cfg(test)]
 pub(crate) fn read(body: &[u8]) -> Option<Request> {
-    let mut r = Reader { b: body, i: 0 };
+    read_with(body, None)
+}
+
+/// `read`, with the token ids' leading text taken from `memo` as far as it spells them.
+pub(crate) fn read_with(body: &[u8], memo: Option<&IdText>) -> Option<Request> {
+    let mut r = Reader {
+        b: body,
+        i: 0,
+        memo,
+        ids_text: None,
+    };
     let mut req = Request::default();
     let mut seen = 0u8;
     r.ws();
@@ -508,6 +561,7 @@ pub(crate) fn read(body: &[u8]) -> Option<Request> {
         Some(())
     })?;
     r.ws();
+    req.token_text = r.ids_text;
     (r.i == body.len()).then_some(req)
 }
 
@@ -558,6 +612,8 @@ mod tests {
                 for filler in 0..9 {
                     let body = format!("{num}{tail}{}", "]".repeat(filler));
                     let mut r = Reader {
+                        memo: None,
+                        ids_text: None,
                         b: body.as_bytes(),
                         i: 0,
                     };
@@ -839,5 +895,62 @@ mod tests {
             }
         }
         assert_eq!(taken, 300);
+    }
+
+    /// With the id-text memo holding prefixes of the ids, every body reads as it does without it:
+    /// the same request or the same refusal, on the plain body and on each byte deleted, doubled or
+    /// replaced around the remembered text's edges (`idtext.rs` holds the memo's own rules).
+    #[test]
+    fn remembered_id_text_reads_as_plain_reading_does() {
+        let mut rnd = crate::testrng::below(0x1d7e_c0de);
+        let alphabet = b"[],0123456789 -x";
+        let mut remembered = 0u64;
+        for case in 0..200 {
+            let n = 20 + rnd(200) as usize;
+            let ids: Vec<i64> = (0..n).map(|_| rnd(200_000) as i64).collect();
+            let text = ids
+                .iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(",");
+            let memo = crate::idtext::IdText::new(1 << 14);
+            // a held prefix, and a later segment starting where it ends
+            let held = 1 + rnd(n as u64) as usize;
+            memo.admit(text.as_bytes(), &ids[..held]);
+            let cut = text
+                .match_indices(',')
+                .nth(held - 1)
+                .map_or(text.len(), |(i, _)| i + 1);
+            if cut < text.len() {
+                memo.admit(&text.as_bytes()[cut..], &ids[held..]);
+            }
+            let body = format!(r#"{{"top_k":1,"token_ids":[{text}]}}"#).into_bytes();
+            let with = |b: &[u8]| read_with(b, Some(&memo)).map(|r| r.debug());
+            assert_eq!(with(&body), fast_view(&body), "case {case}");
+            assert!(with(&body).is_some());
+            remembered += memo.stats().taken;
+            // mutations near the start, around the held prefix's end and near the array's end
+            let start = body.iter().position(|&c| c == b'[').unwrap() + 1;
+            let spots = [start, start + cut.saturating_sub(1), body.len() - 3];
+            for &spot in &spots {
+                for i in spot.saturating_sub(3)..(spot + 3).min(body.len()) {
+                    let mut del = body.clone();
+                    del.remove(i);
+                    let mut dup = body.clone();
+                    dup.insert(i, body[i]);
+                    let mut sub = body.clone();
+                    sub[i] = alphabet[rnd(alphabet.len() as u64) as usize];
+                    for b in [del, dup, sub] {
+                        assert_eq!(
+                            with(&b),
+                            fast_view(&b),
+                            "case {case}: {:?}",
+                            String::from_utf8_lossy(&b)
+                        );
+                    }
+                }
+            }
+        }
+        assert!(remembered > 0);
     }
 }

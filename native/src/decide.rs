@@ -28,6 +28,7 @@ use crate::answer::write_answer;
 use crate::ask::{Ask, Prompt, Request};
 use crate::hashmemo::{self, HashMemo};
 use crate::hit::Layout;
+use crate::idtext::{IdText, TextStats};
 use crate::pystore::{read, Shared};
 use crate::reach::Reach;
 use crate::route::{self, Members, ModelArgs, NodeOut, Prune};
@@ -131,6 +132,10 @@ const RUNNING_W: f64 = 0.02;
 const WAITING_W: f64 = 0.05;
 const KV_W: f64 = 0.5;
 
+/// Ids the id-text memo holds per unit the digest memo holds (vLLM's default block: 16 tokens), so
+/// both remember prompts of about the same length.
+const IDS_PER_UNIT: usize = 16;
+
 pub struct Router {
     store: Shared,
     plan: RwLock<Option<Arc<Plan>>>,
@@ -141,6 +146,8 @@ pub struct Router {
     open: AtomicBool,
     /// Digests of held prefixes' units, so a prefix routed before is not hashed again.
     memo: HashMemo,
+    /// The text of held prefixes' token ids, so a prefix routed before is not read digit by digit.
+    text: IdText,
 }
 
 /// A candidate row before it is written: its rank key, then what the row needs.
@@ -165,6 +172,7 @@ impl Router {
             generation: AtomicU64::new(u64::MAX),
             open: AtomicBool::new(false),
             memo: HashMemo::new(memo_entries),
+            text: IdText::new(memo_entries.saturating_mul(IDS_PER_UNIT)),
         }
     }
 
@@ -204,7 +212,8 @@ impl Router {
 
     /// The answer's JSON for `body`, or None for Python to answer.
     pub fn answer(&self, body: &[u8]) -> Option<Vec<u8>> {
-        let req = Request::read(body)?;
+        let req = Request::read(body, Some(&self.text))?;
+        let text = req.token_text;
         let ask = req.ask()?;
         let plan = self.current()?;
         let live = self.live.read().unwrap_or_else(|e| e.into_inner()).clone();
@@ -215,11 +224,33 @@ impl Router {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
-        decide(&plan, &live, &self.store, &self.memo, &ask, now)
+        let mut held_ids = 0;
+        let answer = decide(
+            &plan,
+            &live,
+            &self.store,
+            &self.memo,
+            &ask,
+            now,
+            &mut held_ids,
+        )?;
+        // the ids of the held prefix past what the memo spelled, remembered as text
+        if let (Some(t), Prompt::Tokens(tokens)) = (text, &ask.prompt) {
+            let held = held_ids.min(tokens.len());
+            if held > t.remembered {
+                self.text
+                    .admit(&body[t.resume..], &tokens[t.remembered..held]);
+            }
+        }
+        Some(answer)
     }
 
     pub fn memo_stats(&self) -> hashmemo::MemoStats {
         self.memo.stats()
+    }
+
+    pub fn text_stats(&self) -> TextStats {
+        self.text.stats()
     }
 }
 
@@ -319,6 +350,7 @@ fn decide(
     memo: &HashMemo,
     ask: &Ask,
     now: f64,
+    held_ids: &mut usize,
 ) -> Option<Vec<u8>> {
     let (prompt, top_k) = (&ask.prompt, ask.top_k);
     let num_tokens = match prompt {
@@ -622,6 +654,8 @@ fn decide(
         for (i, chain) in digests.iter().enumerate() {
             if let Some(chain) = chain {
                 let cfg = &plan.configs[i];
+                let units = held[i] as usize / cfg.unit.max(1);
+                *held_ids = (*held_ids).max(units * cfg.unit);
                 memo.admit(
                     &cfg.none_hash,
                     tokens,

@@ -38,6 +38,7 @@ pub mod decide;
 pub mod envelope;
 pub mod hashmemo;
 pub mod hit;
+mod idtext;
 mod memberhit;
 mod reach;
 pub mod route;

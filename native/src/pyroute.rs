@@ -50,7 +50,7 @@ impl NativeRouter {
     }
 
     /// What the digest memo did (`hashmemo.rs`): units read from it and hashed, units admitted,
-    /// entries held now.
+    /// entries held now; and the id-text memo (`idtext.rs`): ids read from it, admitted, held now.
     fn memo_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.memo_stats();
         let d = PyDict::new(py);
@@ -59,6 +59,11 @@ impl NativeRouter {
         d.set_item("admitted", s.admitted)?;
         d.set_item("entries", s.entries)?;
         d.set_item("capacity", s.capacity)?;
+        // the id-text memo (`idtext.rs`): ids read from remembered text, admitted, held now
+        let t = self.inner.text_stats();
+        d.set_item("text_taken", t.taken)?;
+        d.set_item("text_admitted", t.admitted)?;
+        d.set_item("text_ids", t.ids)?;
         Ok(d)
     }
 

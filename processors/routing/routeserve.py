@@ -110,6 +110,10 @@ class ServerCollector:
             yield units
             yield GaugeMetricFamily(f"{self.prefix}_hash_memo_entries", "held units' digests remembered now "
                                     "(at most route_hash_memo_entries)", value=memo["entries"])
+            yield CounterMetricFamily(f"{self.prefix}_id_text_ids", "token ids of requests read from the remembered "
+                                      "text of held prefixes instead of digit by digit", value=memo["text_taken"])
+            yield GaugeMetricFamily(f"{self.prefix}_id_text_held_ids", "token ids whose text is remembered now (at "
+                                    "most 16 x route_hash_memo_entries)", value=memo["text_ids"])
         for name, what in (("native_latency", "body read to answer ready, native answers"),
                            ("request_latency", "whole requests, every outcome")):
             h = s[name]

@@ -152,5 +152,7 @@ def test_metrics_show_the_route_server(served):
     text = proc.get("/metrics")
     for family in ("kvpipe_processor_route_server_requests_total{outcome=\"native\"}",
                    "kvpipe_processor_route_server_native_latency_seconds_bucket",
-                   "kvpipe_processor_route_server_in_flight", "kvpipe_processor_route_server_native_open 1.0"):
+                   "kvpipe_processor_route_server_in_flight", "kvpipe_processor_route_server_native_open 1.0",
+                   "kvpipe_processor_route_server_hash_memo_entries", "kvpipe_processor_route_server_id_text_ids_total",
+                   "kvpipe_processor_route_server_id_text_held_ids"):
         assert family in text, family

@@ -364,6 +364,11 @@ def test_remembered_unit_digests_give_the_same_answers_and_only_held_prefixes_ar
     # the second pass read every held unit from the memo and admitted nothing new
     assert after_again["hits"] - after_first["hits"] >= after_first["admitted"]
     assert after_again["admitted"] == after_first["admitted"]
+    # and read the held prefixes' ids from their remembered text (native/src/idtext.rs), as many ids as the
+    # digest memo gave units' worth, without admitting any text again
+    assert after_first["text_admitted"] > 0 and after_first["text_ids"] == after_first["text_admitted"]
+    assert after_again["text_taken"] - after_first["text_taken"] >= 16 * after_first["admitted"]
+    assert after_again["text_admitted"] == after_first["text_admitted"]
     # prompts no node holds are never kept, and hashed only to their first unit: its full-attention block (16
     # tokens, the unit) is held by no node, so no hit can pass it (native/src/reach.rs)
     for t in uncached:
@@ -376,3 +381,8 @@ def test_remembered_unit_digests_give_the_same_answers_and_only_held_prefixes_ar
     assert final["admitted"] == after_again["admitted"] and final["hits"] == after_again["hits"]
     assert final["misses"] - after_again["misses"] == 2 * 2
     assert off.router.memo_stats()["entries"] == 0 and off.router.memo_stats()["hits"] == 0
+    assert off.router.memo_stats()["text_ids"] == 0 and off.router.memo_stats()["text_taken"] == 0
+    # the same prompts written with spaces match no remembered text, and answer alike
+    spaced = [b.replace(b",", b", ") for b in bodies]
+    assert [_plain(path.answer(b)) for b in spaced] == first
+    assert path.router.memo_stats()["text_taken"] == final["text_taken"]
