@@ -32,7 +32,7 @@ fn push_f64(out: &mut String, x: f64) {
 /// was ~5 % of a full answer's time.
 fn push_nine_places(out: &mut String, x: f64) -> bool {
     const LIMIT: f64 = (1u64 << 22) as f64;
-    if x == 0.0 || !(x.abs() < LIMIT) {
+    if x == 0.0 || !x.is_finite() || x.abs() >= LIMIT {
         return false;
     }
     let k = (x * 1e9).round();
