@@ -30,8 +30,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
 use foldhash::fast::RandomState;
-use hashbrown::HashMap;
 
+use crate::generations::Generations;
 use crate::tokenhash;
 
 /// Units kept at most (both generations); 96 bytes each with 16-token units, ~6 MiB.
@@ -71,31 +71,15 @@ fn packed_into(out: &mut Vec<u32>, chunk: &[i64]) -> bool {
     true
 }
 
-#[derive(Default)]
-struct Generations {
-    newer: HashMap<u64, Segment>,
-    older: HashMap<u64, Segment>,
-    newer_units: usize,
-    older_units: usize,
-}
-
-impl Generations {
-    /// The segment keyed `key` that starts with `parent` and `chunk`, and whether it is the newer
-    /// generation's.
-    fn get<'a>(&'a self, key: u64, parent: &[u8], chunk: &[i64]) -> Option<(&'a Segment, bool)> {
-        let starts = |m: &'a HashMap<u64, Segment>| {
-            m.get(&key).filter(move |s| {
-                s.parent[..] == *parent
-                    && s.unit == chunk.len()
-                    && chunk
-                        .iter()
-                        .zip(&s.tokens[..])
-                        .all(|(&t, &x)| t == x as i64)
-            })
-        };
-        starts(&self.newer)
-            .map(|s| (s, true))
-            .or_else(|| starts(&self.older).map(|s| (s, false)))
+impl Segment {
+    /// Whether this segment starts after `parent` with the ids `chunk`.
+    fn starts(&self, parent: &[u8], chunk: &[i64]) -> bool {
+        self.parent[..] == *parent
+            && self.unit == chunk.len()
+            && chunk
+                .iter()
+                .zip(&self.tokens[..])
+                .all(|(&t, &x)| t == x as i64)
     }
 }
 
@@ -110,7 +94,7 @@ pub struct MemoStats {
 }
 
 pub struct HashMemo {
-    gens: RwLock<Generations>,
+    gens: RwLock<Generations<Segment>>,
     half: usize,
     seed: RandomState,
     hits: AtomicU64,
@@ -129,7 +113,7 @@ impl HashMemo {
     /// A memo of at most `capacity` units; 0 turns it off (every unit hashed).
     pub fn new(capacity: usize) -> Self {
         HashMemo {
-            gens: RwLock::new(Generations::default()),
+            gens: RwLock::new(Generations::new(capacity / 2)),
             half: capacity / 2,
             seed: RandomState::default(),
             hits: AtomicU64::new(0),
@@ -177,7 +161,9 @@ impl HashMemo {
                 let at = digests.len();
                 let parent = digests.last().map_or(root, |d| &d[..]);
                 let chunk = &tokens[at * unit..(at + 1) * unit];
-                let Some((seg, newer)) = gens.get(self.key(parent, chunk), parent, chunk) else {
+                let key = self.key(parent, chunk);
+                let Some((seg, newer)) = gens.find(key, |s| s.starts(parent, chunk).then_some(s))
+                else {
                     break;
                 };
                 let n = seg.common_units(&tokens[at * unit..]);
@@ -245,15 +231,10 @@ impl HashMemo {
             tokens: ids.into_boxed_slice(),
             digests: chain.digests[start..start + n].into(),
         };
-        let mut gens = self.gens.write().unwrap_or_else(|e| e.into_inner());
-        if gens.newer_units + n > self.half {
-            gens.older = std::mem::take(&mut gens.newer);
-            gens.older_units = std::mem::replace(&mut gens.newer_units, 0);
-        }
-        if let Some(old) = gens.newer.insert(key, seg) {
-            gens.newer_units -= old.digests.len();
-        }
-        gens.newer_units += n;
+        self.gens
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, seg, n);
         self.admitted.fetch_add(n as u64, Ordering::Relaxed);
     }
 
@@ -263,7 +244,7 @@ impl HashMemo {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             admitted: self.admitted.load(Ordering::Relaxed),
-            entries: (gens.newer_units + gens.older_units) as u64,
+            entries: gens.held() as u64,
             capacity: 2 * self.half as u64,
         }
     }

@@ -15,7 +15,7 @@
 //! longest prefix some node was found to hold, so prompts nobody holds never enter. A segment is
 //! found by a hash of its first `KEY_BYTES` bytes; where a prompt goes on past a segment, another
 //! segment may start there (a later admission of a longer held prefix adds it). Bounded by ids:
-//! two generations of at most half the capacity each, the older dropped whole when the newer
+//! two generations of at most half the capacity each (`generations.rs`), the older dropped whole when the newer
 //! fills (no per-hit write).
 
 use std::hash::BuildHasher;
@@ -23,7 +23,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
 use foldhash::fast::RandomState;
-use hashbrown::HashMap;
+
+use crate::generations::Generations;
 
 /// Bytes of text a segment is found by; text shorter than this is never remembered (it reads in
 /// well under a microsecond).
@@ -132,14 +133,6 @@ pub struct Taken {
     pub whole: bool,
 }
 
-#[derive(Default)]
-struct Generations {
-    newer: HashMap<u64, Segment>,
-    older: HashMap<u64, Segment>,
-    newer_ids: usize,
-    older_ids: usize,
-}
-
 /// What the text memo did, for `/metrics` and the bench.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TextStats {
@@ -149,7 +142,7 @@ pub struct TextStats {
 }
 
 pub struct IdText {
-    gens: RwLock<Generations>,
+    gens: RwLock<Generations<Segment>>,
     half: usize,
     seed: RandomState,
     taken: AtomicU64,
@@ -160,7 +153,7 @@ impl IdText {
     /// A memo of at most `capacity` ids; 0 turns it off.
     pub fn new(capacity: usize) -> Self {
         IdText {
-            gens: RwLock::new(Generations::default()),
+            gens: RwLock::new(Generations::new(capacity / 2)),
             half: capacity / 2,
             seed: RandomState::default(),
             taken: AtomicU64::new(0),
@@ -181,21 +174,13 @@ impl IdText {
         let head = &rest[..KEY_BYTES];
         let key = self.key(head);
         let gens = self.gens.read().unwrap_or_else(|e| e.into_inner());
-        fn found<'g>(
-            m: &'g HashMap<u64, Segment>,
-            key: u64,
-            head: &[u8],
-            rest: &[u8],
-        ) -> Option<(&'g Segment, usize)> {
-            m.get(&key)
-                .filter(|s| s.text.len() >= KEY_BYTES && s.text[..KEY_BYTES] == *head)
-                .map(|s| (s, s.intact(rest)))
-                .filter(|&(_, k)| k > 0)
-        }
-        let Some(((seg, k), newer)) = found(&gens.newer, key, head, rest)
-            .map(|f| (f, true))
-            .or_else(|| found(&gens.older, key, head, rest).map(|f| (f, false)))
-        else {
+        let found = gens.find(key, |s| {
+            (s.text.len() >= KEY_BYTES && s.text[..KEY_BYTES] == *head)
+                .then(|| s.intact(rest))
+                .filter(|&k| k > 0)
+                .map(|k| (s, k))
+        });
+        let Some(((seg, k), newer)) = found else {
             return Taken::default();
         };
         out.extend(seg.ids[..k].iter().map(|&id| id as i64));
@@ -232,15 +217,10 @@ impl IdText {
             ids: packed.into_boxed_slice(),
             marks: marks.into_boxed_slice(),
         };
-        let mut gens = self.gens.write().unwrap_or_else(|e| e.into_inner());
-        if gens.newer_ids + n > self.half {
-            gens.older = std::mem::take(&mut gens.newer);
-            gens.older_ids = std::mem::replace(&mut gens.newer_ids, 0);
-        }
-        if let Some(old) = gens.newer.insert(key, seg) {
-            gens.newer_ids -= old.ids.len();
-        }
-        gens.newer_ids += n;
+        self.gens
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, seg, n);
         self.admitted.fetch_add(n as u64, Ordering::Relaxed);
     }
 
@@ -249,7 +229,7 @@ impl IdText {
         TextStats {
             taken: self.taken.load(Ordering::Relaxed),
             admitted: self.admitted.load(Ordering::Relaxed),
-            ids: (gens.newer_ids + gens.older_ids) as u64,
+            ids: gens.held() as u64,
         }
     }
 }

@@ -36,6 +36,7 @@ pub mod captrack;
 pub mod chcols;
 pub mod decide;
 pub mod envelope;
+mod generations;
 pub mod hashmemo;
 pub mod hit;
 mod idtext;
