@@ -24,7 +24,7 @@ struct Reader<'a> {
     i: usize,
     /// Token-id text read before (`idtext.rs`), where the caller keeps it.
     memo: Option<&'a IdText>,
-    /// Where the token ids' text starts and how much of it the memo's newer generation spelled.
+    /// How many leading token ids the memo's newer generation spelled, and where reading went on.
     ids_text: Option<TokenText>,
 }
 
@@ -299,8 +299,8 @@ impl Reader<'_> {
     }
 
     /// The leading ids the memo remembers the text of, into `out` (segment after segment while
-    /// each gives a good run): true once the array's `]` is read. Notes where the ids' text starts
-    /// and how far the newer generation spelled it, for the caller's admission.
+    /// each gives a good run): true once the array's `]` is read. Notes how many the newer
+    /// generation spelled and where the ids after them start, for the caller's admission.
     fn remembered_ids(&mut self, out: &mut Vec<i64>) -> bool {
         let mut text = TokenText {
             remembered: 0,
@@ -462,6 +462,10 @@ fn digits_value(v: u64) -> i64 {
 /// Groups a block-hash request may name and still be read here.
 const MAX_GROUPS: usize = 64;
 
+/// Earlier lists a block-hash list is compared with, byte for byte, before it is read (a model's
+/// groups come in a few block sizes).
+const SAME_LIST_TRIES: usize = 4;
+
 /// `{"<group>": [hashes], ...}`, sorted by group; None for a key not plainly written, a group
 /// twice, more than `MAX_GROUPS` groups, or a hash `unit_key` does not take.
 fn group_lists(r: &mut Reader) -> Option<Vec<(u64, Vec<UnitKey>)>> {
@@ -486,8 +490,10 @@ fn group_lists(r: &mut Reader) -> Option<Vec<(u64, Vec<UnitKey>)>> {
         let start = r.i;
         // Groups with one block size have one list (their block hashes come from one chain), so a
         // router sends the same bytes for each: a list byte for byte equal to one read before is
-        // that list again, read once (~5 ns a hash)
-        let same = spans.iter().position(|&(s, e)| {
+        // that list again, read once (~5 ns a hash). Only the first few lists are compared: a body
+        // of many long lists that differ at their ends would otherwise cost a compare of each
+        // against every earlier one (64 groups: ~2 000 compares), where this is a few per byte
+        let same = spans.iter().take(SAME_LIST_TRIES).position(|&(s, e)| {
             let n = e - s;
             r.b.get(start..start + n) == Some(&r.b[s..e])
         });
