@@ -7,6 +7,7 @@ it with SIGKILL at an arbitrary moment.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,7 +24,32 @@ from kvpipe.schemas.retrying import retrying
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to sockets that bind no port of their own (Linux's
+    ip_local_port_range; the common default elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_PORTS = random.Random()
+
+
 def free_port() -> int:
+    """A port nothing listens on now, for a child process to bind later. Taken below the kernel's
+    ephemeral range: a port from inside it (what binding port 0 gives) could meanwhile become the
+    local port of any outgoing connection (the test's own Kafka clients make many), and the child's
+    bind then failed with "address already in use"."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = _PORTS.randrange(max(1024, low // 2), low) if low > 2048 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
